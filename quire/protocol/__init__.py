@@ -1,0 +1,31 @@
+"""quire's base layer: model types, statuses, validation and wire framing.
+
+Imports nothing else of quire's. Everything a peer or a store sees is defined here.
+"""
+
+from .errors import (
+    FrameTooLarge,
+    ProtocolError,
+    QuireError,
+    StatusError,
+    ValidationError,
+    for_status,
+    raise_for_status,
+)
+from .fragment import EMPTY_SUM, Codec, Fragment
+from .labels import Label, LabelSelector, LabelSet, parse_selector
+from .messages import *  # noqa: F403 - the message catalogue is the public surface
+from .messages import ALL_MESSAGES, PROTOCOL_VERSION, Message
+from .names import validate_journal_name
+from .route import Etcd, Header, ProcessId, Route
+from .spec import (
+    Flag,
+    FragmentSpec,
+    JournalSpec,
+    Suspend,
+    SuspendLevel,
+    parse_duration,
+    render_postfix,
+    validate_store_url,
+)
+from .status import Status

@@ -1,0 +1,116 @@
+"""The exception tree of quire's base layer.
+
+    QuireError
+    ├── ValidationError      a value broke a rule; .path names the field ("fragment.stores[1]")
+    ├── ProtocolError        hostile or malformed wire input; the connection is closed
+    │   └── FrameTooLarge    a frame's declared length is over the limit (checked before reading)
+    └── StatusError          a broker answered with a non-OK Status (.status, .journal)
+        └── one subclass per Status (JournalNotFound, WrongAppendOffset, …), see for_status()
+
+Expected outcomes travel as `Status` values on the wire; only the client edge (and code
+that wants to unwind) raises StatusError. Validation and protocol errors are raised at
+the edge, before anything is written.
+"""
+
+from __future__ import annotations
+
+from .status import Status
+
+
+class QuireError(Exception):
+    """Base of every error quire raises on purpose."""
+
+
+class ValidationError(QuireError, ValueError):
+    """A value is invalid. `path` is the dotted field path, `reason` the rule broken."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+    def within(self, parent: str) -> ValidationError:
+        """Prefix the path with an enclosing field (validator.go's ExtendContext)."""
+        if not parent:
+            return self
+        if not self.path:
+            joined = parent
+        elif self.path.startswith("["):
+            joined = parent + self.path
+        else:
+            joined = f"{parent}.{self.path}"
+        return ValidationError(joined, self.reason)
+
+
+class ProtocolError(QuireError):
+    """The peer sent bytes that are not a valid frame sequence."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame declared a length above the configured limit."""
+
+
+class StatusError(QuireError):
+    """A non-OK status from a broker. Subclasses exist for each Status."""
+
+    status: Status = Status.OK
+
+    def __init__(self, message: str = "", *, journal: str = "", status: Status | None = None,
+                 detail: object = None) -> None:
+        if status is not None:
+            self.status = status
+        self.journal = journal
+        self.detail = detail
+        text = self.status.name
+        if journal:
+            text += f" (journal {journal})"
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+
+    @property
+    def retriable(self) -> bool:
+        return self.status.retriable
+
+
+def _status_class(status: Status) -> type[StatusError]:
+    name = "".join(part.capitalize() for part in status.name.split("_"))
+    return type(name, (StatusError,), {"status": status, "__doc__": status.__doc__,
+                                       "__module__": __name__})
+
+
+_BY_STATUS: dict[Status, type[StatusError]] = {
+    s: _status_class(s) for s in Status if s is not Status.OK
+}
+globals().update({cls.__name__: cls for cls in _BY_STATUS.values()})
+
+JournalNotFound = _BY_STATUS[Status.JOURNAL_NOT_FOUND]
+NoJournalPrimaryBroker = _BY_STATUS[Status.NO_JOURNAL_PRIMARY_BROKER]
+NotJournalPrimaryBroker = _BY_STATUS[Status.NOT_JOURNAL_PRIMARY_BROKER]
+InsufficientJournalBrokers = _BY_STATUS[Status.INSUFFICIENT_JOURNAL_BROKERS]
+NotJournalBroker = _BY_STATUS[Status.NOT_JOURNAL_BROKER]
+OffsetNotYetAvailable = _BY_STATUS[Status.OFFSET_NOT_YET_AVAILABLE]
+WrongRoute = _BY_STATUS[Status.WRONG_ROUTE]
+ProposalMismatch = _BY_STATUS[Status.PROPOSAL_MISMATCH]
+EtcdTransactionFailed = _BY_STATUS[Status.ETCD_TRANSACTION_FAILED]
+NotAllowed = _BY_STATUS[Status.NOT_ALLOWED]
+WrongAppendOffset = _BY_STATUS[Status.WRONG_APPEND_OFFSET]
+IndexHasGreaterOffset = _BY_STATUS[Status.INDEX_HAS_GREATER_OFFSET]
+RegisterMismatch = _BY_STATUS[Status.REGISTER_MISMATCH]
+Suspended = _BY_STATUS[Status.SUSPENDED]
+FragmentStoreUnhealthy = _BY_STATUS[Status.FRAGMENT_STORE_UNHEALTHY]
+BadRequest = _BY_STATUS[Status.BAD_REQUEST]
+Unavailable = _BY_STATUS[Status.UNAVAILABLE]
+Aborted = _BY_STATUS[Status.ABORTED]
+
+
+def for_status(status: Status) -> type[StatusError]:
+    """The StatusError subclass for a non-OK status."""
+    return _BY_STATUS[Status(status)]
+
+
+def raise_for_status(status: Status, message: str = "", *, journal: str = "",
+                     detail: object = None) -> None:
+    """Raise the matching StatusError unless status is OK."""
+    if status != Status.OK:
+        raise for_status(status)(message, journal=journal, detail=detail)

@@ -1,0 +1,287 @@
+"""Every message that crosses a socket, and the wire kind number of each.
+
+A frame carries one message header (msgpack of one of these Structs) plus an optional
+raw payload: content chunks travel as the payload of AppendChunk / ReadContent /
+ReplicateContent / FragmentContent and are never re-encoded.
+
+RPC shapes (one RPC at a time per connection, after a Hello):
+
+    Append:      AppendRequest, AppendChunk*, (AppendCommit | AppendAbort)  ->  AppendResponse
+    Read:        ReadRequest  ->  (ReadResponse, ReadContent*)*  (a stream; ends on a non-OK
+                 ReadResponse, end_offset, or when the client closes)
+    Replicate:   long-lived stream of (ReplicateProposal | ReplicateContent); only proposals
+                 with acknowledge=True are answered, in order, by ReplicateResponse
+    List/Apply/ListFragments/ListBrokers/FetchFragment: one request -> one response
+                 (FetchFragment is followed by FragmentContent* and a final FragmentContent
+                 with an empty payload)
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .fragment import Fragment
+from .labels import LabelSelector, LabelSet
+from .route import Header, ProcessId, Route
+from .spec import JournalSpec
+from .status import Status
+
+PROTOCOL_VERSION = 1
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of wire messages. `KIND` is the frame kind byte."""
+
+    KIND = 0
+
+
+# -- connection -------------------------------------------------------------------------
+
+class Hello(Message, frozen=True):
+    KIND = 1
+    version: int = PROTOCOL_VERSION
+    token: str = ""
+    """Reserved for auth; ignored while auth is off."""
+
+
+class HelloAck(Message, frozen=True):
+    KIND = 2
+    version: int = PROTOCOL_VERSION
+    process_id: ProcessId | None = None
+
+
+class ErrorFrame(Message, frozen=True):
+    """Sent before closing a connection that broke the protocol."""
+
+    KIND = 3
+    status: Status = Status.BAD_REQUEST
+    message: str = ""
+
+
+# -- append -----------------------------------------------------------------------------
+
+class AppendRequest(Message, frozen=True):
+    KIND = 10
+    journal: str
+    header: Header | None = None
+    """Set when a broker proxies the append (its resolution) — peers wait for its revision."""
+    do_not_proxy: bool = False
+    offset: int = 0
+    """If non-zero, the append must land exactly here (WRONG_APPEND_OFFSET otherwise)."""
+    check_registers: LabelSelector | None = None
+    union_registers: LabelSet | None = None
+    subtract_registers: LabelSet | None = None
+    suspend: str = "resume"
+    """resume | no-resume | if-flushed | now | keep (Gazette's AppendRequest.Suspend)."""
+    min_etcd_revision: int = 0
+
+
+class AppendChunk(Message, frozen=True):
+    """A non-empty content chunk; the bytes are the frame payload."""
+
+    KIND = 11
+
+
+class AppendCommit(Message, frozen=True):
+    """The client has sent all content: commit it."""
+
+    KIND = 12
+
+
+class AppendAbort(Message, frozen=True):
+    """The client gives up: roll back everything sent."""
+
+    KIND = 13
+    reason: str = ""
+
+
+class AppendResponse(Message, frozen=True):
+    KIND = 14
+    status: Status = Status.OK
+    header: Header | None = None
+    commit: Fragment | None = None
+    """The span of just this append (its own SHA-1)."""
+    registers: LabelSet | None = None
+    total_chunks: int = 0
+    delayed_chunks: int = 0
+    message: str = ""
+
+
+# -- read -------------------------------------------------------------------------------
+
+class ReadRequest(Message, frozen=True):
+    KIND = 20
+    journal: str
+    header: Header | None = None
+    offset: int = 0
+    """-1 reads from the write head."""
+    block: bool = False
+    do_not_proxy: bool = False
+    metadata_only: bool = False
+    end_offset: int = 0
+    """0 = no end; otherwise stop before this offset."""
+    begin_mod_time: int = 0
+    min_etcd_revision: int = 0
+
+
+class ReadResponse(Message, frozen=True):
+    """Metadata of the fragment about to be streamed (or a non-OK status)."""
+
+    KIND = 21
+    status: Status = Status.OK
+    header: Header | None = None
+    offset: int = 0
+    write_head: int = 0
+    fragment: Fragment | None = None
+    fragment_url: str = ""
+    message: str = ""
+
+
+class ReadContent(Message, frozen=True):
+    """Content at `offset`; the bytes are the frame payload."""
+
+    KIND = 22
+    offset: int = 0
+
+
+# -- replicate --------------------------------------------------------------------------
+
+class ReplicateProposal(Message, frozen=True):
+    KIND = 30
+    proposal: Fragment
+    registers: LabelSet = LabelSet()
+    acknowledge: bool = True
+    header: Header | None = None
+    """Required on the first message of a stream (route + revision of the primary)."""
+
+
+class ReplicateContent(Message, frozen=True):
+    """A content chunk; `content_delta` = its offset from the committed end."""
+
+    KIND = 31
+    content_delta: int = 0
+
+
+class ReplicateResponse(Message, frozen=True):
+    KIND = 32
+    status: Status = Status.OK
+    header: Header | None = None
+    fragment: Fragment | None = None
+    """On PROPOSAL_MISMATCH: the replica's own fragment."""
+    registers: LabelSet | None = None
+    message: str = ""
+
+
+# -- topology & metadata ----------------------------------------------------------------
+
+class ListRequest(Message, frozen=True):
+    KIND = 40
+    selector: LabelSelector = LabelSelector()
+
+
+class ListEntry(msgspec.Struct, frozen=True, kw_only=True):
+    spec: JournalSpec
+    mod_revision: int = 0
+    create_revision: int = 0
+    route: Route = Route()
+
+
+class ListResponse(Message, frozen=True):
+    KIND = 41
+    status: Status = Status.OK
+    header: Header | None = None
+    journals: tuple[ListEntry, ...] = ()
+    message: str = ""
+
+
+class ApplyChange(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    expect_mod_revision: int = 0
+    """0 = must not exist; > 0 = must be at this revision; -1 = no check."""
+    upsert: JournalSpec | None = None
+    delete: str = ""
+
+
+class ApplyRequest(Message, frozen=True):
+    KIND = 42
+    changes: tuple[ApplyChange, ...] = ()
+
+
+class ApplyResponse(Message, frozen=True):
+    KIND = 43
+    status: Status = Status.OK
+    header: Header | None = None
+    revision: int = 0
+    message: str = ""
+
+
+class ListFragmentsRequest(Message, frozen=True):
+    KIND = 44
+    journal: str
+    begin_mod_time: int = 0
+    end_mod_time: int = 0
+    next_page_token: int = 0
+    page_limit: int = 1000
+    signature_ttl: float = 60.0
+    do_not_proxy: bool = False
+
+
+class FragmentInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    spec: Fragment
+    signed_url: str = ""
+    local: bool = False
+    """True while the fragment is (also) on a replica's disk."""
+
+
+class ListFragmentsResponse(Message, frozen=True):
+    KIND = 45
+    status: Status = Status.OK
+    header: Header | None = None
+    fragments: tuple[FragmentInfo, ...] = ()
+    next_page_token: int = 0
+    message: str = ""
+
+
+class BrokerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: ProcessId
+    endpoint: str
+    journal_limit: int = 0
+    assigned: int = 0
+    primaries: int = 0
+    exiting: bool = False
+
+
+class ListBrokersRequest(Message, frozen=True):
+    KIND = 46
+
+
+class ListBrokersResponse(Message, frozen=True):
+    KIND = 47
+    status: Status = Status.OK
+    header: Header | None = None
+    brokers: tuple[BrokerInfo, ...] = ()
+    message: str = ""
+
+
+class FetchFragmentRequest(Message, frozen=True):
+    """Fetch the raw bytes of a closed local fragment (used by the persist workers)."""
+
+    KIND = 48
+    fragment: Fragment
+
+
+class FetchFragmentResponse(Message, frozen=True):
+    KIND = 49
+    status: Status = Status.OK
+    message: str = ""
+
+
+class FragmentContent(Message, frozen=True):
+    """Raw fragment bytes as payload; an empty payload ends the stream."""
+
+    KIND = 50
+
+
+ALL_MESSAGES: tuple[type[Message], ...] = tuple(
+    cls for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, Message) and cls is not Message
+)

@@ -1,0 +1,66 @@
+"""The status codes every RPC answers with (Gazette's protocol.proto, same numbers).
+
+Expected outcomes are values, not exceptions: a response carries a `Status` and the
+client turns a non-OK one into the matching `StatusError` subclass (see errors.py).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    JOURNAL_NOT_FOUND = 1
+    """No spec for the journal (or the caller may not see it)."""
+    NO_JOURNAL_PRIMARY_BROKER = 2
+    """An append, but the route has no primary (route.primary == -1)."""
+    NOT_JOURNAL_PRIMARY_BROKER = 3
+    """An append with do_not_proxy reached a broker that is not the primary."""
+    INSUFFICIENT_JOURNAL_BROKERS = 4
+    """The route is empty or has fewer members than the journal's replication."""
+    NOT_JOURNAL_BROKER = 5
+    """A non-member was asked with do_not_proxy, or received a Replicate."""
+    OFFSET_NOT_YET_AVAILABLE = 6
+    """A non-blocking read past the write head."""
+    WRONG_ROUTE = 7
+    """A replica's route differs from the one in the request header."""
+    PROPOSAL_MISMATCH = 8
+    """The spool cannot apply a proposed fragment."""
+    ETCD_TRANSACTION_FAILED = 9
+    """An Apply whose expected revision did not match."""
+    NOT_ALLOWED = 10
+    """The journal's flags or suspension forbid the operation."""
+    WRONG_APPEND_OFFSET = 11
+    """An explicit append offset differs from the journal's write head."""
+    INDEX_HAS_GREATER_OFFSET = 12
+    """The fragment index ends past the synchronized spool: consistency was lost."""
+    REGISTER_MISMATCH = 13
+    """The journal registers did not match the append's check_registers."""
+    SUSPENDED = 14
+    """The journal is suspended."""
+    FRAGMENT_STORE_UNHEALTHY = 15
+    """The journal's primary fragment store fails its health checks."""
+    # quire additions (beyond Gazette's codes) start at 64 so they never collide.
+    BAD_REQUEST = 64
+    """A request failed validation (the message names the field)."""
+    UNAVAILABLE = 65
+    """The broker is shutting down or a peer/etcd could not be reached; retry."""
+    ABORTED = 66
+    """The append was aborted (client error, disconnect, timeout, too slow)."""
+
+    @property
+    def retriable(self) -> bool:
+        return self in _RETRIABLE
+
+
+_RETRIABLE = frozenset(
+    {
+        Status.NO_JOURNAL_PRIMARY_BROKER,
+        Status.NOT_JOURNAL_PRIMARY_BROKER,
+        Status.INSUFFICIENT_JOURNAL_BROKERS,
+        Status.NOT_JOURNAL_BROKER,
+        Status.WRONG_ROUTE,
+        Status.UNAVAILABLE,
+    }
+)
