@@ -27,7 +27,12 @@ class ValidationError(QuireError, ValueError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}" if path else reason)
+        # args = (path, reason) so the error survives pickle and Celery's exception
+        # transport, which rebuild it as cls(*args).
+        super().__init__(path, reason)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
 
     def within(self, parent: str) -> ValidationError:
         """Prefix the path with an enclosing field (validator.go's ExtendContext)."""
@@ -61,6 +66,7 @@ class StatusError(QuireError):
             self.status = status
         self.journal = journal
         self.detail = detail
+        self.message = message
         text = self.status.name
         if journal:
             text += f" (journal {journal})"
@@ -68,9 +74,19 @@ class StatusError(QuireError):
             text += f": {message}"
         super().__init__(text)
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Rebuild from the original arguments, not from the formatted text.
+        return (_rebuild_status_error, (type(self), self.message, self.journal, self.status,
+                                        self.detail))
+
     @property
     def retriable(self) -> bool:
         return self.status.retriable
+
+
+def _rebuild_status_error(cls: type[StatusError], message: str, journal: str, status: Status,
+                          detail: object) -> StatusError:
+    return cls(message, journal=journal, status=status, detail=detail)
 
 
 def _status_class(status: Status) -> type[StatusError]:

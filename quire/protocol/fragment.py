@@ -11,7 +11,7 @@ import enum
 import msgspec
 
 from .errors import ValidationError
-from .names import validate_journal_name
+from .names import validate_journal_name, validate_path
 
 EMPTY_SUM = "0" * 40
 """The sum of an empty fragment (Gazette uses an all-zero SHA1Sum)."""
@@ -57,5 +57,7 @@ class Fragment(msgspec.Struct, frozen=True, kw_only=True):
             raise ValidationError(f"{path}.end", f"invalid range [{self.begin}, {self.end})")
         if len(self.sum) != 40 or any(c not in "0123456789abcdef" for c in self.sum):
             raise ValidationError(f"{path}.sum", f"expected 40 lower-case hex digits, got {self.sum!r}")
+        if self.path_postfix:
+            validate_path(self.path_postfix, f"{path}.path_postfix", 1, 512)
         if self.begin == self.end and self.sum != EMPTY_SUM:
             raise ValidationError(f"{path}.sum", "an empty fragment has the all-zero sum")

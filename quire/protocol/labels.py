@@ -146,7 +146,9 @@ class LabelSelector(msgspec.Struct, frozen=True):
                 if values == [""]:
                     parts.append(f"{sign}{name}")
                 elif len(values) == 1:
-                    parts.append(f"{name}{'!=' if sign else '='}{values[0]}")
+                    # `k==v` when v itself starts with '=': `k==x` would parse as k=x.
+                    op = "!=" if sign else ("==" if values[0].startswith("=") else "=")
+                    parts.append(f"{name}{op}{values[0]}")
                 else:
                     parts.append(f"{name} {'notin' if sign else 'in'} ({', '.join(values)})")
         return ", ".join(parts)

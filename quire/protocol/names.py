@@ -25,18 +25,29 @@ SUFFIX_MIN, SUFFIX_MAX = 4, 128
 # and digits, so this is the same alphabet once the extra symbols are added.
 _TOKEN_RE = re.compile(r"[\w\-+/.]*")
 _PATH_RE = re.compile(r"[\w\-+/.=%]*")
+_PATTERNS: dict[str, re.Pattern[str]] = {TOKEN_SYMBOLS: _TOKEN_RE, PATH_SYMBOLS: _PATH_RE}
+
+
+def _pattern(symbols: str) -> re.Pattern[str]:
+    # One pattern per symbol set: zones and suffixes must not admit '/' (or '#').
+    pat = _PATTERNS.get(symbols)
+    if pat is None:
+        pat = _PATTERNS[symbols] = re.compile(r"[\w" + re.escape(symbols) + r"]*")
+    return pat
 
 
 def validate_token(value: str, path: str, min_len: int, max_len: int,
                    symbols: str = TOKEN_SYMBOLS) -> None:
     if not isinstance(value, str):
         raise ValidationError(path, f"expected a string, got {type(value).__name__}")
-    if not (min_len <= len(value) <= max_len):
+    # Lengths count UTF-8 bytes, as Gazette's do: names become object keys, and S3 limits
+    # keys to 1024 bytes, not characters.
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not (min_len <= size <= max_len):
         raise ValidationError(
-            path, f"invalid length {len(value)} (expected {min_len} <= length <= {max_len}): {value!r}")
-    pattern = _PATH_RE if symbols == PATH_SYMBOLS else _TOKEN_RE
-    if not pattern.fullmatch(value):
-        bad = next(c for c in value if not (c.isalnum() or c == "_" or c in symbols))
+            path, f"invalid length {size} (expected {min_len} <= length <= {max_len}): {value!r}")
+    if not _pattern(symbols).fullmatch(value):
+        bad = next((c for c in value if not (c.isalnum() or c == "_" or c in symbols)), "?")
         raise ValidationError(
             path, f"{value!r} has invalid character {bad!r} (expected letters, digits or {symbols!r})")
 

@@ -13,7 +13,7 @@ import msgspec
 from .errors import ValidationError
 from .fragment import Codec
 from .labels import LabelSet
-from .names import validate_journal_name
+from .names import validate_journal_name, validate_path
 
 MIN_FRAGMENT_LENGTH = 1 << 10
 MAX_FRAGMENT_LENGTH = 1 << 34
@@ -71,10 +71,17 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValidationError(f"{path}.flush_interval",
                                   f"{self.flush_interval}s must be 0 or >= {MIN_FLUSH}s")
         if self.path_postfix_template:
+            where = f"{path}.path_postfix_template"
             try:
-                render_postfix(self.path_postfix_template, 0.0)
-            except (KeyError, ValueError, IndexError) as exc:
-                raise ValidationError(f"{path}.path_postfix_template", f"does not render: {exc}") from exc
+                rendered = render_postfix(self.path_postfix_template, 0.0)
+            except Exception as exc:  # any str.format failure (AttributeError too)
+                raise ValidationError(where, f"does not render: {type(exc).__name__}: {exc}") from None
+            # The postfix becomes part of every object key: it must not climb out of the
+            # journal's prefix or shadow quire's `.quire/` objects.
+            if rendered:
+                validate_path(rendered, where, 1, 512)
+                if any(part.startswith(".") for part in rendered.split("/")):
+                    raise ValidationError(where, f"renders {rendered!r}: a segment may not begin with '.'")
 
 
 class JournalSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,7 +145,7 @@ def validate_store_url(url: str, path: str = "store") -> None:
         bucket = host.split("?")[0]
         if not _S3_BUCKET.fullmatch(bucket):
             raise ValidationError(path, f"{url!r}: {bucket!r} is not a valid S3 bucket name")
-        if "//" in rel or ".." in rel.split("/"):
+        if rel.startswith("/") or "//" in rel or ".." in rel.split("/"):
             raise ValidationError(path, f"{url!r}: prefix is not a clean path")
 
 

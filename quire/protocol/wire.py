@@ -58,7 +58,10 @@ def encode_frame_bytes(message: Message, payload: bytes = b"") -> bytes:
 
 def check_prefix(prefix: bytes | memoryview) -> tuple[int, int, int]:
     """Validate a 9-byte prefix; return (kind, header_length, payload_length)."""
-    length, kind, hlen = PREFIX.unpack(prefix)
+    try:
+        length, kind, hlen = PREFIX.unpack(prefix)
+    except struct.error:
+        raise ProtocolError(f"a frame prefix is {PREFIX_SIZE} bytes, got {len(prefix)}") from None
     if length < 5:
         raise ProtocolError(f"frame length {length} is shorter than its own prefix")
     if length > MAX_FRAME:
@@ -76,7 +79,8 @@ def check_prefix(prefix: bytes | memoryview) -> tuple[int, int, int]:
 def decode_header(kind: int, header: bytes | memoryview) -> Message:
     try:
         return _DECODERS[kind].decode(header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.MsgspecError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # msgspec raises UnicodeDecodeError (a ValueError) for invalid UTF-8 in strings.
         raise ProtocolError(f"bad {_KINDS[kind].__name__} header: {exc}") from None
 
 
@@ -89,6 +93,9 @@ class FrameDecoder:
 
     def feed(self, data: bytes | memoryview) -> None:
         self._buf += data
+        # Reject a hostile prefix now, even if the caller feeds more before iterating.
+        if self._need is None and len(self._buf) >= PREFIX_SIZE:
+            self._need = check_prefix(bytes(self._buf[:PREFIX_SIZE]))
 
     @property
     def buffered(self) -> int:

@@ -1,0 +1,56 @@
+"""quire's fragment store layer: keys, codecs, stores, persistence and the index.
+
+Layer 2: imports `quire.protocol` and third-party libraries only.
+
+    keys      content-addressed object keys (fragment_key / parse_key)
+    codecs    none / gzip / zstd / snappy / gzip-offload, streaming
+    stores    FragmentStore (file://, s3://) and open_store(url)
+    persist   persist_fragment / read_fragment / list_fragments
+    index     CoverSet — the covering set of a journal's fragments
+    manifest  the index manifest batch readers read from the store
+    errors    the StoreError / CodecError / InvalidFragmentKey tree
+"""
+
+from .codecs import compress, compress_chunks, compressor, decompress, decompress_chunks
+from .errors import (
+    ChecksumMismatch,
+    CodecError,
+    FragmentNotFound,
+    InvalidFragmentKey,
+    InvalidStoreKey,
+    StoreAccessDenied,
+    StoreError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from .index import CoverSet, decode_index, encode_index, merge
+from .keys import EXTENSION, extension, fragment_key, fragment_name, journal_prefix, parse_key, parse_name
+from .manifest import Manifest, manifest_key, read_manifest, write_manifest
+from .persist import (
+    content_encoding,
+    delete_fragment,
+    fragment_url,
+    list_fragments,
+    persist_fragment,
+    read_fragment,
+)
+from .stores import (
+    HEALTH_KEY,
+    FileStore,
+    FragmentStore,
+    ObjectInfo,
+    S3Store,
+    clear_store_cache,
+    open_store,
+)
+
+__all__ = [
+    "EXTENSION", "HEALTH_KEY", "ChecksumMismatch", "CodecError", "CoverSet", "FileStore",
+    "FragmentNotFound", "FragmentStore", "InvalidFragmentKey", "InvalidStoreKey", "Manifest",
+    "ObjectInfo", "S3Store", "StoreAccessDenied", "StoreError", "StoreNotFound",
+    "StoreUnavailable", "clear_store_cache", "compress", "compress_chunks", "compressor",
+    "content_encoding", "decode_index", "decompress", "decompress_chunks", "delete_fragment",
+    "encode_index", "extension", "fragment_key", "fragment_name", "fragment_url",
+    "journal_prefix", "list_fragments", "manifest_key", "merge", "open_store", "parse_key",
+    "parse_name", "persist_fragment", "read_fragment", "read_manifest", "write_manifest",
+]
