@@ -1,0 +1,151 @@
+"""The Append RPC at the coordinator: client content source, FSM driver, proxying.
+
+Wire shape: AppendRequest, AppendChunk*, (AppendCommit | AppendAbort) -> AppendResponse.
+The broker may answer early (an error before the client finished streaming); it then
+closes the connection, because the rest of the client's stream is unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from quire.logs import get_logger
+from quire.protocol import (
+    AppendAbort,
+    AppendChunk,
+    AppendCommit,
+    AppendRequest,
+    AppendResponse,
+    Hello,
+    HelloAck,
+    Status,
+)
+from quire.protocol.errors import ProtocolError
+from quire.protocol.stream import FrameStream
+
+from . import metrics
+from .append_fsm import AppendAborted, AppendFSM, Broker, State
+from .flow_control import MinRatePolicer
+
+log = get_logger(__name__)
+
+PROXY_TIMEOUT = 30.0
+
+
+class ClientSource:
+    """Chunks from the client, policed for a minimum flow rate."""
+
+    def __init__(self, conn: FrameStream, min_rate: float) -> None:
+        self.conn = conn
+        self.min_rate = min_rate
+        self.policer: MinRatePolicer | None = None
+        self.done = False
+        """The client's terminator (commit or abort) was read: the connection is in step."""
+
+    async def read_frame(self):  # noqa: ANN201
+        now = time.monotonic()
+        if self.policer is None:
+            # Policing starts when the append is ready for content, not at the request:
+            # time spent queued behind other appends is not the client's fault.
+            self.policer = MinRatePolicer(self.min_rate, now)
+        timeout = self.policer.deadline(now) - now
+        if timeout <= 0:
+            raise AppendAborted("too slow: below the minimum append rate")
+        try:
+            # asyncio.timeout, not wait_for: no extra task per chunk on the hot path.
+            async with asyncio.timeout(timeout):
+                return await self.conn.read()
+        except TimeoutError:
+            raise AppendAborted("too slow: below the minimum append rate") from None
+        except ProtocolError as exc:
+            raise AppendAborted(f"client disconnected: {exc}") from None
+
+    async def next_chunk(self) -> bytes | memoryview | None:
+        while True:
+            frame = await self.read_frame()
+            msg = frame.message
+            if isinstance(msg, AppendChunk):
+                if not frame.payload:
+                    continue
+                assert self.policer is not None
+                self.policer.on_bytes(len(frame.payload), time.monotonic())
+                return frame.payload
+            if isinstance(msg, AppendCommit):
+                self.done = True
+                return None
+            if isinstance(msg, AppendAbort):
+                self.done = True
+                raise AppendAborted(f"client aborted: {msg.reason}")
+            raise AppendAborted(f"protocol: unexpected {type(msg).__name__} in an append")
+
+
+async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
+                       min_rate: float) -> bool:
+    """Serve one append; True if the connection may carry another RPC."""
+    started = time.monotonic()
+    metrics.APPENDS_IN_FLIGHT.inc()
+    source = ClientSource(conn, min_rate)
+    try:
+        fsm = AppendFSM(broker, req, source)
+        state = await fsm.run()
+        if state is State.PROXY:
+            return await proxy_append(conn, req, fsm.res, source)
+        res = fsm.res
+        ok = state is State.FINISHED
+        resp = AppendResponse(
+            status=Status.OK if ok else fsm.status,
+            header=res.header if res is not None else None,
+            commit=fsm.commit if ok else None,
+            registers=fsm.registers,
+            total_chunks=fsm.total_chunks, delayed_chunks=fsm.delayed_chunks,
+            message="" if ok else fsm.message)
+        metrics.APPENDS.labels(resp.status.name).inc()
+        if ok:
+            metrics.APPEND_LATENCY.observe(time.monotonic() - started)
+        elif fsm.status != Status.ABORTED:
+            log.info("append failed", journal=req.journal, status=fsm.status.name,
+                     message=fsm.message, trace=[s.name for s in fsm.trace])
+        await conn.send(resp)
+        return source.done
+    finally:
+        metrics.APPENDS_IN_FLIGHT.dec()
+
+
+async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource) -> bool:  # noqa: ANN001
+    """Forward the append to the primary, with our resolution as its header."""
+    endpoint = res.route.primary_endpoint
+    upstream: FrameStream | None = None
+    try:
+        upstream = await FrameStream.connect(endpoint, timeout=5.0)
+        await upstream.send(Hello())
+        await asyncio.wait_for(upstream.read_message(HelloAck), 5.0)
+        upstream.write(AppendRequest(
+            journal=req.journal, header=res.header, do_not_proxy=True, offset=req.offset,
+            check_registers=req.check_registers, union_registers=req.union_registers,
+            subtract_registers=req.subtract_registers, suspend=req.suspend,
+            min_etcd_revision=req.min_etcd_revision))
+        try:
+            while True:
+                chunk = await source.next_chunk()
+                if chunk is None:
+                    upstream.write(AppendCommit())
+                    break
+                upstream.write(AppendChunk(), chunk)
+                await upstream.drain()
+        except AppendAborted as exc:
+            upstream.abort()  # closing mid-stream rolls the append back at the primary
+            upstream = None
+            await conn.send(AppendResponse(status=Status.ABORTED, header=res.header, message=exc.reason))
+            return source.done
+        await upstream.drain()
+        resp, _ = await asyncio.wait_for(upstream.read_message(AppendResponse), PROXY_TIMEOUT)
+        await conn.send(resp)
+        return source.done
+    except (OSError, ProtocolError, asyncio.TimeoutError) as exc:
+        await conn.send(AppendResponse(status=Status.UNAVAILABLE, header=res.header,
+                                       message=f"proxy to primary {endpoint} failed: {exc!r}"))
+        return False
+    finally:
+        if upstream is not None:
+            await upstream.close()

@@ -1,0 +1,363 @@
+"""The append state machine (the seed's append_fsm), as an explicit FSM.
+
+`State` names the seed's states; `TRANSITIONS` lists its edges (append_rules.py, where
+the pure decisions live). `AppendFSM` is the thin asyncio adapter: one `_on_<state>`
+coroutine per state performs the IO of that state and asks a pure decision for the next
+state; `run_to()` loops until a terminal state (FINISHED, ERROR or PROXY) and checks
+every transition against the table.
+
+Ownership (seed, "Components"): ACQUIRE_PIPELINE takes `replica.pipeline_lock` (the
+send side); START_PIPELINE builds a pipeline, which takes `replica.spool_lock` for its
+lifetime; STREAM_CONTENT sends content and the commit (or a rollback) and then
+releases the send side after taking a receive-side ticket, so the next append streams
+while this one waits for its acknowledgements in READ_ACKNOWLEDGEMENTS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any, Protocol
+
+from quire.logs import get_logger
+from quire.protocol import AppendRequest, Fragment, LabelSet, Status
+from quire.protocol.errors import QuireError
+
+from . import metrics
+from .append_rules import (
+    TERMINAL,
+    TRANSITIONS,
+    Decision,
+    State,
+    decide_acquired,
+    decide_assignments,
+    decide_replicas,
+    decide_resolve,
+    decide_start,
+    decide_sync,
+    edits_registers,
+    next_registers,
+    validate_preconditions,
+)
+from .pipeline import Pipeline, PipelineBroken
+from .replica import Replica
+
+__all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"]
+
+log = get_logger(__name__)
+
+LOCK_TIMEOUT = 30.0
+MAX_RESOLVES = 30
+
+
+class AppendAborted(QuireError):
+    """The client aborted, disconnected, timed out or was too slow."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ContentSource(Protocol):
+    async def next_chunk(self) -> bytes | memoryview | None:
+        """The next non-empty chunk, or None once the client commits. Raises AppendAborted."""
+
+
+class Broker(Protocol):
+    """What the FSM needs of the coordinator (server.py implements it)."""
+
+    me: Any
+    keyspace: Any
+
+    async def resolve(self, journal: str, min_revision: int = 0) -> Any: ...
+    def replica(self, journal: str) -> Replica: ...
+    async def advertise_route(self, journal: str, route: Any) -> int: ...
+    async def teardown_pipeline(self, replica: Replica) -> None: ...
+
+
+class AppendFSM:
+    def __init__(self, broker: Broker, req: AppendRequest, source: ContentSource) -> None:
+        self.broker = broker
+        self.req = req
+        self.source = source
+        self.state = State.RESOLVE
+        self.trace: list[State] = [State.RESOLVE]
+        self.res: Any = None
+        self.replica: Replica | None = None
+        self.pipeline: Pipeline | None = None
+        self.owns_pipeline = False
+        self.read_through = 0
+        self.roll_to: int | None = None
+        self.roll_registers: LabelSet | None = None
+        self.status = Status.OK
+        self.message = ""
+        self.commit: Fragment | None = None
+        self.registers: LabelSet | None = None
+        self.total_chunks = 0
+        self.delayed_chunks = 0
+        self._ticket: tuple[asyncio.Future[None], asyncio.Future[None]] | None = None
+        self._aborted: AppendAborted | None = None
+        self._resolves = 0
+        self._log = log.bind(journal=req.journal)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run_to(self, *targets: State) -> State:
+        stop = set(targets) | TERMINAL
+        try:
+            while self.state not in stop:
+                handler = getattr(self, "_on_" + self.state.name.lower())
+                await handler()
+        finally:
+            if self.owns_pipeline:
+                self._abandon()
+                await self._release_pipeline()
+        return self.state
+
+    def _abandon(self) -> None:
+        """Leaving mid-stream (cancelled, or an unexpected error): roll back our bytes so
+        they can never ride along with the next append's commit."""
+        pln = self.pipeline
+        if pln is not None and pln.broken is None and pln.spool.delta:
+            try:
+                pln.send_proposal(pln.spool.rollback_proposal(acknowledge=False))
+            except PipelineBroken:
+                pass
+
+    async def run(self) -> State:
+        return await self.run_to(*TERMINAL)
+
+    def _go(self, decision: Decision | State) -> None:
+        d = decision if isinstance(decision, Decision) else Decision(decision)
+        if d.state not in TRANSITIONS[self.state]:
+            raise AssertionError(f"illegal transition {self.state.name} -> {d.state.name}")
+        if d.state is State.ERROR:
+            self.status, self.message = d.status, d.message
+        self.state = d.state
+        self.trace.append(d.state)
+
+    def _fail(self, status: Status, message: str) -> None:
+        self._go(Decision(State.ERROR, status, message))
+
+    # -- states -----------------------------------------------------------------------
+
+    async def _on_resolve(self) -> None:
+        self._resolves += 1
+        if self._resolves > MAX_RESOLVES:
+            return self._fail(Status.UNAVAILABLE, "the route did not settle")
+        hdr = self.req.header
+        min_rev = max(self.req.min_etcd_revision, hdr.etcd.revision if hdr else 0, self.read_through)
+        self.res = res = await self.broker.resolve(self.req.journal, min_rev)
+        d = decide_resolve(res.status, res.is_primary, self.owns_pipeline)
+        if d.state is State.ERROR:
+            d = Decision(State.ERROR, res.status, getattr(res, "message", "") or d.message)
+        if d.state is State.AWAIT_DESIRED_REPLICAS and self.owns_pipeline:
+            await self._release_pipeline()  # no longer primary: let the pipeline go
+        if res.status == Status.OK and res.is_primary:
+            self.replica = self.broker.replica(self.req.journal)
+        self._go(d)
+
+    def _route_valid(self) -> bool:
+        ks = self.broker.keyspace
+        return ks.changed_revision <= self.res.header.etcd.revision
+
+    async def _on_acquire_pipeline(self) -> None:
+        assert self.replica is not None
+        try:
+            await asyncio.wait_for(self.replica.pipeline_lock.acquire(), LOCK_TIMEOUT)
+        except asyncio.TimeoutError:
+            return self._fail(Status.UNAVAILABLE, "timed out waiting for the pipeline")
+        self.owns_pipeline = True
+        self._go(decide_acquired(self._route_valid()))
+
+    async def _on_start_pipeline(self) -> None:
+        replica = self.replica
+        assert replica is not None
+        pln = replica.pipeline
+        d = decide_start(pln.route if pln else None, bool(pln and pln.broken is None and pln.synced),
+                         self.res.route, True)
+        if d.state is State.UPDATE_ASSIGNMENTS:
+            self.pipeline = pln
+            return self._go(d)
+        if pln is not None:
+            await self.broker.teardown_pipeline(replica)
+        try:
+            await asyncio.wait_for(replica.spool_lock.acquire(), LOCK_TIMEOUT)
+        except asyncio.TimeoutError:
+            return self._fail(Status.UNAVAILABLE, "timed out waiting for the spool")
+        if not self._route_valid():
+            replica.spool_lock.release()
+            return self._go(State.RESOLVE)
+        try:
+            self.pipeline = await Pipeline.open(replica, self.res.header, self.broker.me)
+        except PipelineBroken as exc:
+            replica.spool_lock.release()
+            return self._fail(Status.UNAVAILABLE, str(exc))
+        replica.pipeline = self.pipeline
+        self._go(d)
+
+    async def _on_send_pipeline_sync(self) -> None:
+        pln, spool = self.pipeline, self.replica.spool  # type: ignore[union-attr]
+        assert pln is not None
+        if self.roll_to is not None:
+            prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers)
+            self._log.info("rolling spool in sync", roll_to=self.roll_to)
+            self.roll_to = self.roll_registers = None
+        else:
+            prop = spool.rollback_proposal(acknowledge=True)
+        try:
+            pln.send_proposal(prop, first=True)
+            self._ticket = pln.ticket()
+            await pln.drain()
+        except PipelineBroken as exc:
+            return self._fail(Status.UNAVAILABLE, str(exc))
+        self._go(State.RECV_PIPELINE_SYNC)
+
+    async def _on_recv_pipeline_sync(self) -> None:
+        pln, replica = self.pipeline, self.replica
+        assert pln is not None and replica is not None and self._ticket is not None
+        try:
+            responses = await pln.gather(*self._ticket)
+        except Exception as exc:  # noqa: BLE001 - a broken peer fails this append
+            await self.broker.teardown_pipeline(replica)
+            return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
+        d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision)
+        if d.state is State.UPDATE_ASSIGNMENTS:
+            pln.synced = True
+            # Bytes the spool holds after a sync are part of the journal now (at worst
+            # at-least-once leftovers of a failed append): readers may see them.
+            replica.publish(replica.spool.end)
+        elif d.state is State.SEND_PIPELINE_SYNC:
+            self.roll_to, self.roll_registers = d.roll_to, d.registers
+        else:
+            await self.broker.teardown_pipeline(replica)
+            self.read_through = max(self.read_through, d.read_through)
+        self._go(d)
+
+    async def _on_update_assignments(self) -> None:
+        values = [a.value for a in self.res.assignments]
+        d = decide_assignments(values, self.res.route)
+        if d.state is State.RESOLVE:
+            try:
+                rev = await self.broker.advertise_route(self.req.journal, self.res.route)
+            except QuireError as exc:
+                # Assignments moved under us: re-resolve and decide again.
+                self._log.info("advertising the route failed; re-resolving", error=str(exc))
+                rev = self.broker.keyspace.revision + 1
+            self.read_through = max(self.read_through, rev)
+        self._go(d)
+
+    async def _on_await_desired_replicas(self) -> None:
+        res = self.res
+        d = decide_replicas(len(res.route.members), res.spec.desired_replication(), res.is_primary,
+                            res.route.primary >= 0, self.req.do_not_proxy)
+        if d.state is State.RESOLVE:
+            await self.broker.keyspace.wait_changed(res.header.etcd.revision, LOCK_TIMEOUT)
+        self._go(d)
+
+    async def _on_validate_preconditions(self) -> None:
+        replica = self.replica
+        assert replica is not None
+        d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
+                                   replica.spool.end, replica.index_end)
+        if d.status == Status.REGISTER_MISMATCH:
+            self.registers = replica.spool.registers
+        if d.state is State.SEND_PIPELINE_SYNC:
+            self.roll_to = d.roll_to
+        self._go(d)
+
+    async def _on_stream_content(self) -> None:
+        pln, replica, spec = self.pipeline, self.replica, self.res.spec
+        assert pln is not None and replica is not None
+        spool = replica.spool
+        started = spool.delta == 0 and self.total_chunks == 0
+        if started:
+            frag = spec.fragment
+            if spool.should_roll(frag.length, frag.compression_codec, frag.flush_interval):
+                pln.send_proposal(spool.roll_proposal(codec=frag.compression_codec, acknowledge=False))
+            self._summer = hashlib.sha1()
+            self._begin = spool.end
+            self._limiter = getattr(replica, "limiter", None)
+        try:
+            while True:
+                chunk = await self.source.next_chunk()
+                if chunk is None:
+                    return await self._commit(pln, replica)
+                if not spec.writable:
+                    raise AppendAborted("journal is not writable")
+                if self._limiter is not None and await self._limiter.acquire(len(chunk)):
+                    self.delayed_chunks += 1
+                pln.send_content(chunk)
+                self._summer.update(chunk)
+                self.total_chunks += 1
+                await pln.drain()
+        except AppendAborted as exc:
+            self._aborted = exc
+            await self._rollback(pln)
+        except PipelineBroken as exc:
+            self._fail(Status.UNAVAILABLE, str(exc))
+
+    async def _commit(self, pln: Pipeline, replica: Replica) -> None:
+        spool = replica.spool
+        if spool.delta == 0:
+            if edits_registers(self.req):
+                self._aborted = AppendAborted("a zero-byte append cannot edit registers")
+                return await self._rollback(pln)
+            prop = spool.rollback_proposal(acknowledge=True)  # a transaction barrier
+        else:
+            prop = spool.commit_proposal(next_registers(spool.registers, self.req))
+        local = pln.send_proposal(prop)
+        if local.status != Status.OK:
+            raise PipelineBroken(f"local spool refused its own proposal: {local.status.name}")
+        end = spool.end
+        self.commit = Fragment(journal=self.req.journal, begin=self._begin, end=end,
+                               sum=self._summer.hexdigest() if end > self._begin else "0" * 40,
+                               codec=spool.fragment.codec)
+        self.registers = spool.registers
+        await self._hand_off(pln)
+
+    async def _rollback(self, pln: Pipeline) -> None:
+        try:
+            pln.send_proposal(pln.spool.rollback_proposal(acknowledge=True))
+            await self._hand_off(pln)
+        except PipelineBroken as exc:
+            self._fail(Status.UNAVAILABLE, str(exc))
+
+    async def _hand_off(self, pln: Pipeline) -> None:
+        """Take a receive ticket, then release the send side to the next append."""
+        self._ticket = pln.ticket()
+        await self._release_pipeline()
+        self._go(State.READ_ACKNOWLEDGEMENTS)
+        await pln.drain()
+
+    async def _on_read_acknowledgements(self) -> None:
+        pln, replica = self.pipeline, self.replica
+        assert pln is not None and replica is not None and self._ticket is not None
+        try:
+            await pln.gather_ok(*self._ticket)
+        except Exception as exc:  # noqa: BLE001
+            return self._fail(Status.UNAVAILABLE, f"replication failed: {exc!r}")
+        if self._aborted is not None:
+            metrics.APPENDS_ABORTED.labels(self._aborted.reason.split(":")[0][:40]).inc()
+            return self._fail(Status.ABORTED, self._aborted.reason)
+        if self.commit is not None:
+            replica.publish(self.commit.end)
+            metrics.APPEND_BYTES.inc(self.commit.end - self.commit.begin)
+        self._go(State.FINISHED)
+
+    async def _release_pipeline(self) -> None:
+        if self.owns_pipeline and self.replica is not None:
+            self.owns_pipeline = False
+            self.replica.pipeline_lock.release()
+
+    # -- terminal states are handled by the caller (append_api) --------------------------
+
+    async def _on_error(self) -> None:  # pragma: no cover - run_to stops before terminals
+        raise AssertionError("terminal")
+
+    _on_proxy = _on_finished = _on_error
+
+
+def monotonic() -> float:
+    return time.monotonic()

@@ -1,0 +1,199 @@
+"""Pure decisions of the append state machine (no IO, no asyncio).
+
+Every function here takes plain values and returns the next `State` (plus whatever the
+adapter needs to act on it), so each transition of the seed's state machine can be
+unit-tested directly. `TRANSITIONS` lists every edge; tests check that each one is
+produced by some decision and that the FSM handles every state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quire.protocol import (
+    AppendRequest,
+    Fragment,
+    JournalSpec,
+    LabelSet,
+    ProcessId,
+    ReplicateResponse,
+    Route,
+    Status,
+    SuspendLevel,
+)
+
+
+class State(enum.Enum):
+    RESOLVE = "stateResolve"
+    ACQUIRE_PIPELINE = "stateAcquirePipeline"
+    START_PIPELINE = "stateStartPipeline"
+    SEND_PIPELINE_SYNC = "stateSendPipelineSync"
+    RECV_PIPELINE_SYNC = "stateRecvPipelineSync"
+    UPDATE_ASSIGNMENTS = "stateUpdateAssignments"
+    AWAIT_DESIRED_REPLICAS = "stateAwaitDesiredReplicas"
+    VALIDATE_PRECONDITIONS = "stateValidatePreconditions"
+    STREAM_CONTENT = "stateStreamContent"
+    READ_ACKNOWLEDGEMENTS = "stateReadAcknowledgements"
+    ERROR = "stateError"
+    PROXY = "stateProxy"
+    FINISHED = "stateFinished"
+
+
+S = State
+TERMINAL = frozenset({S.ERROR, S.PROXY, S.FINISHED})
+
+# Every edge of the seed's state machine (transitions to ERROR from blocking states
+# included, as the seed says they exist but omits them).
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.RESOLVE: frozenset({S.AWAIT_DESIRED_REPLICAS, S.START_PIPELINE, S.ACQUIRE_PIPELINE, S.ERROR}),
+    S.ACQUIRE_PIPELINE: frozenset({S.RESOLVE, S.START_PIPELINE, S.ERROR}),
+    S.START_PIPELINE: frozenset({S.UPDATE_ASSIGNMENTS, S.RESOLVE, S.SEND_PIPELINE_SYNC, S.ERROR}),
+    S.SEND_PIPELINE_SYNC: frozenset({S.RECV_PIPELINE_SYNC, S.ERROR}),
+    S.RECV_PIPELINE_SYNC: frozenset({S.RESOLVE, S.SEND_PIPELINE_SYNC, S.UPDATE_ASSIGNMENTS, S.ERROR}),
+    S.UPDATE_ASSIGNMENTS: frozenset({S.AWAIT_DESIRED_REPLICAS, S.RESOLVE, S.ERROR}),
+    S.AWAIT_DESIRED_REPLICAS: frozenset({S.RESOLVE, S.ERROR, S.PROXY, S.VALIDATE_PRECONDITIONS}),
+    S.VALIDATE_PRECONDITIONS: frozenset({S.RESOLVE, S.ERROR, S.STREAM_CONTENT, S.SEND_PIPELINE_SYNC}),
+    S.STREAM_CONTENT: frozenset({S.STREAM_CONTENT, S.READ_ACKNOWLEDGEMENTS, S.ERROR}),
+    S.READ_ACKNOWLEDGEMENTS: frozenset({S.FINISHED, S.ERROR}),
+    S.ERROR: frozenset(),
+    S.PROXY: frozenset(),
+    S.FINISHED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: State
+    status: Status = Status.OK
+    message: str = ""
+    roll_to: int | None = None
+    registers: LabelSet | None = None
+    read_through: int = 0
+
+
+def decide_resolve(status: Status, is_primary: bool, owns_pipeline: bool) -> Decision:
+    if status != Status.OK:
+        return Decision(S.ERROR, status, "resolution failed")
+    if not is_primary:
+        return Decision(S.AWAIT_DESIRED_REPLICAS)
+    if owns_pipeline:
+        return Decision(S.START_PIPELINE)
+    return Decision(S.ACQUIRE_PIPELINE)
+
+
+def decide_acquired(route_still_valid: bool) -> Decision:
+    return Decision(S.START_PIPELINE if route_still_valid else S.RESOLVE)
+
+
+def decide_start(pipeline_route: Route | None, pipeline_ok: bool, resolved: Route,
+                 route_still_valid: bool = True) -> Decision:
+    """Reuse a healthy pipeline of an equivalent route; otherwise (re)build and sync."""
+    if not route_still_valid:
+        return Decision(S.RESOLVE)
+    if pipeline_route is not None and pipeline_ok and pipeline_route.equivalent(resolved) \
+            and pipeline_route.endpoints == resolved.endpoints:
+        return Decision(S.UPDATE_ASSIGNMENTS)
+    return Decision(S.SEND_PIPELINE_SYNC)
+
+
+def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
+                route: Route, revision: int) -> Decision:
+    """Gather the sync answers (Gazette's gatherSync), largest offset wins."""
+    roll_to: int | None = None
+    registers: LabelSet | None = None
+    read_through = 0
+    for pid, resp in responses:
+        if resp.status == Status.OK:
+            continue
+        if resp.status == Status.WRONG_ROUTE:
+            theirs = resp.header
+            if theirs is not None and not theirs.route.equivalent(route) \
+                    and theirs.etcd.revision > revision:
+                read_through = max(read_through, theirs.etcd.revision)
+                continue
+            return Decision(S.ERROR, Status.WRONG_ROUTE, f"peer {pid} disagrees on the route at "
+                            f"revision {theirs.etcd.revision if theirs else '?'}")
+        if resp.status == Status.PROPOSAL_MISMATCH and resp.fragment is not None:
+            peer = resp.fragment
+            if peer.end > ours.end:
+                # The peer has seen a larger offset: roll forward to it and take its
+                # registers, never re-writing an offset it may have committed.
+                if roll_to is None or peer.end > roll_to:
+                    roll_to, registers = peer.end, resp.registers
+                continue
+            if peer.end == ours.end and peer.begin == peer.end:
+                # The peer cannot extend our fragment (a new member): close it here.
+                roll_to = max(roll_to or 0, ours.end)
+                continue
+            return Decision(S.ERROR, Status.PROPOSAL_MISMATCH,
+                            f"peer {pid} has fragment {peer.begin}-{peer.end} vs ours {ours.begin}-{ours.end}")
+        return Decision(S.ERROR, resp.status, f"peer {pid} answered the sync with {resp.status.name}")
+    if read_through:
+        return Decision(S.RESOLVE, read_through=read_through)
+    if roll_to is not None:
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers)
+    return Decision(S.UPDATE_ASSIGNMENTS)
+
+
+def decide_assignments(values: Sequence[Route | None], route: Route) -> Decision:
+    """RESOLVE after advertising the route when any assignment value differs."""
+    target = route.without_endpoints()
+    if all(v is not None and v.without_endpoints() == target for v in values):
+        return Decision(S.AWAIT_DESIRED_REPLICAS)
+    return Decision(S.RESOLVE)
+
+
+def decide_replicas(members: int, desired: int, is_primary: bool, has_primary: bool,
+                    do_not_proxy: bool) -> Decision:
+    if members > desired and desired > 0:
+        return Decision(S.RESOLVE)  # at the next revision: the allocator is removing some
+    if members == 0 or members < desired:
+        return Decision(S.ERROR, Status.INSUFFICIENT_JOURNAL_BROKERS,
+                        f"route has {members} of {desired} desired replicas")
+    if not is_primary:
+        if not has_primary:
+            return Decision(S.ERROR, Status.NO_JOURNAL_PRIMARY_BROKER, "route has no primary")
+        if do_not_proxy:
+            return Decision(S.ERROR, Status.NOT_JOURNAL_PRIMARY_BROKER, "not the primary")
+        return Decision(S.PROXY)
+    return Decision(S.VALIDATE_PRECONDITIONS)
+
+
+def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: LabelSet,
+                           spool_end: int, index_end: int) -> Decision:
+    """Gazette's checks, in its order."""
+    if spec.suspend.level != SuspendLevel.NONE and req.suspend == "no-resume":
+        return Decision(S.ERROR, Status.SUSPENDED, f"journal is {spec.suspend.level.value}-suspended")
+    if req.check_registers is not None and registers.labels \
+            and not req.check_registers.matches(registers):
+        return Decision(S.ERROR, Status.REGISTER_MISMATCH,
+                        f"registers {registers} do not match {req.check_registers}")
+    if spec.suspend.offset > spool_end:
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=spec.suspend.offset)
+    head = max(spool_end, index_end)
+    if spool_end != head and req.offset == 0 and spec.writable:
+        return Decision(S.ERROR, Status.INDEX_HAS_GREATER_OFFSET,
+                        f"index ends at {index_end}, past the synchronized spool at {spool_end}")
+    if req.offset != 0 and req.offset != head:
+        return Decision(S.ERROR, Status.WRONG_APPEND_OFFSET,
+                        f"requested offset {req.offset}, write head is {head}")
+    if req.offset != 0 and req.offset != spool_end:
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=req.offset)  # reset-head
+    return Decision(S.STREAM_CONTENT)
+
+
+def next_registers(current: LabelSet, req: AppendRequest) -> LabelSet:
+    """Subtract, then union (Gazette's order)."""
+    out = current
+    if req.subtract_registers is not None:
+        out = out.subtract(req.subtract_registers)
+    if req.union_registers is not None:
+        out = out.union(req.union_registers)
+    return out
+
+
+def edits_registers(req: AppendRequest) -> bool:
+    return bool((req.union_registers and req.union_registers.labels)
+                or (req.subtract_registers and req.subtract_registers.labels))

@@ -1,0 +1,211 @@
+"""The coordinator's side of the topology: etcd session, hosted replicas, pulses.
+
+`Hosting` connects to etcd, mirrors the root (KeySpace), announces the member, runs
+the allocator, and keeps the set of hosted replicas equal to this member's assignments.
+One task (`_follow`) reacts to every keyspace change: it creates replicas for new
+assignments, tears down pipelines whose route moved (so the new primary can take the
+replicas' spools), and pulses each journal for which we became primary (or whose route
+changed) — a zero-byte append through the ordinary FSM, retried with backoff until it
+succeeds for that route. Idle journals cost no task: pulses are one-shot and bounded
+by a semaphore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from quire.logs import get_logger
+from quire.protocol import AppendRequest, Route
+
+from .append_fsm import AppendFSM, State
+from .assignments import advertise_route
+from .etcd import connect
+from .keyspace import KeySpace
+from .membership import BrokerSpec, Membership
+from .resolver import Resolver
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = get_logger(__name__)
+
+PULSE_CONCURRENCY = 32
+PULSE_ATTEMPTS = 8
+
+
+class _Barrier:
+    """A content source with no content: the append is a transaction barrier."""
+
+    async def next_chunk(self) -> None:
+        return None
+
+
+class Hosting:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.cfg = server.cfg
+        self.client = None
+        self.keyspace: KeySpace | None = None
+        self.resolver: Resolver | None = None
+        self.membership: Membership | None = None
+        self._changed = asyncio.Event()
+        self._pulsed: dict[str, Route] = {}
+        self._pulsing: set[str] = set()
+        self._sem = asyncio.Semaphore(PULSE_CONCURRENCY)
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+
+    def _spawn(self, coro, name: str | None = None) -> None:  # noqa: ANN001
+        assert self._tg is not None
+        task = self._tg.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def connected(self) -> AsyncIterator[Hosting]:
+        cfg = self.cfg
+        self.client = await connect(cfg.etcd_url)
+        try:
+            async with KeySpace(self.client, cfg.root) as ks:
+                self.keyspace = ks
+                self.resolver = Resolver(ks, self.server.me)
+                spec = BrokerSpec(id=self.server.me, endpoint=cfg.listen, journal_limit=cfg.journal_limit)
+                async with Membership(self.client, cfg.root, spec, cfg.lease_ttl,
+                                      wait_absent=cfg.lease_ttl + 5) as member:
+                    self.membership = member
+                    ks.on_change.append(lambda _ks: self._changed.set())
+                    yield self
+        finally:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        self._tg = tg
+        self._spawn(self._follow(), name="hosting-follow")
+        self._spawn(self._pulse_loop(), name="hosting-pulse")
+        if self.cfg.run_allocator:
+            from .allocator import Allocator
+
+            self._spawn(Allocator(self.client, self.keyspace, self.server.me, self.cfg.root).run(),
+                           name="allocator")
+        if self.cfg.redis_url:
+            self._start_index_watch(tg)
+
+    def _start_index_watch(self, tg: asyncio.TaskGroup) -> None:
+        from .index_watch import IndexWatch
+
+        server = self.server
+
+        def apply(journal: str, fragments) -> None:  # noqa: ANN001
+            replica = server.replicas.get(journal)
+            if replica is not None:
+                replica.set_remote_index(fragments)
+            mark = getattr(server.persister, "mark_persisted", None)
+            if mark is not None:
+                mark(journal, fragments)
+
+        watch = IndexWatch(self.cfg.redis_url, apply=apply, journals=lambda: list(server.replicas))
+        self._spawn(watch.run(), name="index-watch")
+        run = getattr(server.persister, "run", None)
+        if run is not None:
+            self._spawn(run(), name="persister")
+
+    def stop(self) -> None:
+        """Cancel the topology tasks (the TaskGroup then finishes)."""
+        self._stop.set()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def set_exiting(self) -> None:
+        if self.membership is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.membership.set_exiting(), 5.0)
+
+    async def advertise(self, journal: str, route: Route) -> int:
+        assert self.keyspace is not None
+        return await advertise_route(self.client, self.keyspace, journal, route)
+
+    # -- following assignments ------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        while True:
+            self._reconcile()
+            await self._changed.wait()
+            self._changed.clear()
+
+    def _reconcile(self) -> None:
+        ks, server, me = self.keyspace, self.server, self.server.me
+        assert ks is not None and self.resolver is not None and self._tg is not None
+        mine = {a.journal for a in ks.assignments_of(me)}
+        for journal in mine:
+            server.replica(journal)
+        for journal, replica in list(server.replicas.items()):
+            if journal in mine:
+                continue
+            if replica.pipeline is None and not replica.spool_lock.locked() \
+                    and not replica.pipeline_lock.locked():
+                replica.close()
+                del server.replicas[journal]
+                self._pulsed.pop(journal, None)
+        for journal in mine:
+            res = self.resolver.resolve_now(journal)
+            replica = server.replicas[journal]
+            pln = replica.pipeline
+            if pln is not None and (not res.is_primary or not pln.route.equivalent(res.route)
+                                    or pln.route.endpoints != res.route.endpoints):
+                self._spawn(self._retire(replica))
+            if res.is_primary and self._pulsed.get(journal) != res.route \
+                    and journal not in self._pulsing:
+                self._pulsing.add(journal)
+                self._spawn(self._pulse_until_synced(journal, res.route))
+
+    async def _retire(self, replica) -> None:  # noqa: ANN001
+        """Tear down a pipeline of an old route once its in-flight appends finished."""
+        async with replica.pipeline_lock:
+            res = self.resolver.resolve_now(replica.journal)
+            pln = replica.pipeline
+            if pln is not None and (not res.is_primary or not pln.route.equivalent(res.route)):
+                await self.server.teardown_pipeline(replica)
+
+    async def pulse(self, journal: str) -> AppendFSM:
+        req = AppendRequest(journal=journal, do_not_proxy=True, suspend="no-resume")
+        fsm = AppendFSM(self.server, req, _Barrier())
+        async with self._sem:
+            await fsm.run()
+        return fsm
+
+    async def _pulse_until_synced(self, journal: str, route: Route) -> None:
+        delay = 0.05
+        try:
+            for _ in range(PULSE_ATTEMPTS):
+                if self._stop.is_set():
+                    return
+                fsm = await self.pulse(journal)
+                if fsm.state is State.FINISHED:
+                    self._pulsed[journal] = route
+                    return
+                now = self.resolver.resolve_now(journal)
+                if not now.is_primary or now.route != route:
+                    return  # the next reconcile pulses the new route
+                log.info("pulse failed; retrying", journal=journal, status=fsm.status.name,
+                         message=fsm.message, delay=delay)
+                await asyncio.sleep(delay)  # backoff between attempts, not a readiness guess
+                delay = min(delay * 2, 2.0)
+        finally:
+            self._pulsing.discard(journal)
+            if self._pulsed.get(journal) != route:
+                self._changed.set()  # re-evaluate (another attempt if still primary)
+
+    async def _pulse_loop(self) -> None:
+        """Periodic pulse of every journal we are primary of (flush interval, health)."""
+        while True:
+            await asyncio.sleep(self.cfg.pulse_interval)
+            for journal in list(self.server.replicas):
+                res = self.resolver.resolve_now(journal)
+                if res.is_primary and journal not in self._pulsing:
+                    self._pulsing.add(journal)
+                    self._spawn(self._pulse_until_synced(journal, res.route))

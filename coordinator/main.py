@@ -1,0 +1,107 @@
+"""`quire coordinator …` (and `python -m coordinator.main …`): run one coordinator process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Optional
+
+import typer
+
+def command(
+    zone: Optional[str] = typer.Option(None, "--zone", help="Failure zone of this member."),
+    id: Optional[str] = typer.Option(None, "--id", help="Member suffix (unique within the zone)."),
+    listen: Optional[str] = typer.Option(None, "--listen", help="host:port to serve on (also the advertised endpoint)."),
+    etcd: Optional[str] = typer.Option(None, "--etcd", help="etcd URL, e.g. http://127.0.0.1:2379."),
+    root: Optional[str] = typer.Option(None, "--root", help="etcd key prefix (default /quire)."),
+    spool_dir: Optional[str] = typer.Option(None, "--spool-dir", help="Directory for spool files."),
+    redis: Optional[str] = typer.Option(None, "--redis", help="Redis URL: persist tasks and the fragment index."),
+    journal_limit: Optional[int] = typer.Option(None, "--journal-limit", help="Most journals this member hosts."),
+    lease_ttl: Optional[float] = typer.Option(None, "--lease-ttl", help="Membership lease TTL, seconds."),
+    min_append_rate: Optional[int] = typer.Option(None, "--min-append-rate", help="Bytes/s below which appenders are aborted."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port."),
+    pulse_interval: float = typer.Option(60.0, "--pulse-interval", help="Seconds between pulses of primary journals."),
+    no_allocator: bool = typer.Option(False, "--no-allocator", help="Do not run the allocator here."),
+    log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
+    log_level: Optional[str] = typer.Option(None, "--log-level"),
+) -> None:
+    from quire.config import load_settings
+    from quire.logs import configure_logging
+
+    from .server import Server, ServerConfig
+
+    s = load_settings({"zone": zone, "broker_id": id, "listen": listen, "etcd_url": etcd,
+                       "etcd_root": root, "spool_dir": spool_dir, "redis_url": redis,
+                       "journal_limit": journal_limit,
+                       "lease_ttl_seconds": int(lease_ttl) if lease_ttl is not None else None,
+                       "min_append_rate": min_append_rate,
+                       "log_format": log_format, "log_level": log_level})
+    configure_logging(s.log_format, s.log_level)
+    cfg = ServerConfig(zone=s.zone, suffix=s.broker_id, listen=s.listen, etcd_url=s.etcd_url,
+                       root=s.etcd_root, spool_dir=s.spool_dir,
+                       redis_url=redis,  # only when asked: without it appends and reads still work
+                       journal_limit=s.journal_limit,
+                       lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
+                       min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
+                       run_allocator=not no_allocator)
+    persister = None
+    if redis:
+        persister = _celery_persister(redis)
+    if metrics_port:
+        from .metrics import serve
+
+        serve(metrics_port)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    server_holder: list = []
+
+    async def main() -> None:
+        server = Server(cfg, persister)
+        server_holder.append(server)
+        await server.run()
+
+    runner(main())
+
+
+def _celery_persister(redis_url: str):  # noqa: ANN202
+    """Closed fragments go to the Celery persist workers (coordinator/persister.py)."""
+    from .persister import CeleryPersister
+
+    holder: dict = {}
+
+    def endpoints(fragment):  # noqa: ANN001, ANN202
+        server = holder.get("server")
+        if server is None or server.keyspace is None:
+            return []
+        res = server.topology.resolver.resolve_now(fragment.journal)
+        me = server.cfg.listen
+        return [me] + [e for e in res.route.endpoints if e and e != me]
+
+    def store_for(journal):  # noqa: ANN001, ANN202
+        server = holder.get("server")
+        entry = server.keyspace.journals.get(journal) if server and server.keyspace else None
+        return entry.spec.fragment.stores[0] if entry and entry.spec.fragment.stores else None
+
+    def is_primary(journal):  # noqa: ANN001, ANN202
+        server = holder.get("server")
+        return bool(server and server.keyspace and server.topology.resolver.resolve_now(journal).is_primary)
+
+    p = CeleryPersister(redis_url, endpoints=endpoints, store_for=store_for, is_primary=is_primary)
+    p._quire_holder = holder  # the server registers itself below (see Server.__init__)
+    return p
+
+
+command.__doc__ = "Run a coordinator (journal broker) process."
+
+
+def main() -> None:
+    typer.run(command)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

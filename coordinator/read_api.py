@@ -1,0 +1,221 @@
+"""Reads, fragment fetches and fragment listings at the coordinator.
+
+A read streams committed bytes only: from the spool (up to the published head), from
+closed local fragments, or — once persisted — from the store (streamed by us, or handed
+to the client as `fragment_url` when it asked `do_not_proxy`). A blocking read parks on
+the replica's wake-up future, which the spool's commit observer (or the pipeline's
+acknowledgement) resolves: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from quire.logs import get_logger
+from quire.protocol import (
+    FetchFragmentRequest,
+    FetchFragmentResponse,
+    FragmentContent,
+    FragmentInfo,
+    Hello,
+    HelloAck,
+    ListFragmentsRequest,
+    ListFragmentsResponse,
+    ReadContent,
+    ReadRequest,
+    ReadResponse,
+    Status,
+)
+from quire.protocol.errors import ProtocolError
+from quire.protocol.stream import FrameStream
+
+from . import metrics
+
+log = get_logger(__name__)
+
+READ_CHUNK = 1 << 17
+FETCH_CHUNK = 1 << 20
+
+
+async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # noqa: ANN001
+    hdr_rev = req.header.etcd.revision if req.header else 0
+    res = await broker.resolve(req.journal, max(hdr_rev, req.min_etcd_revision))
+    if res.status != Status.OK:
+        await conn.send(ReadResponse(status=res.status, header=res.header))
+        return True
+    if not res.spec.readable:
+        await conn.send(ReadResponse(status=Status.NOT_ALLOWED, header=res.header,
+                                     message="journal is write-only"))
+        return True
+    if not res.is_member:
+        if req.do_not_proxy or not res.route.endpoints:
+            await conn.send(ReadResponse(status=Status.NOT_JOURNAL_BROKER, header=res.header))
+            return True
+        return await proxy_read(conn, req, res)
+    replica = broker.replica(req.journal)
+    # A client that goes away while we block must not leave us waiting forever: the
+    # connection carries nothing else during a read, so any byte or EOF ends it.
+    gone = asyncio.ensure_future(conn.reader.read(1))
+    try:
+        return await _stream(conn, req, res, replica, gone)
+    finally:
+        gone.cancel()
+
+
+async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone) -> bool:  # noqa: ANN001
+    offset = replica.write_head if req.offset == -1 else req.offset
+    first = True
+    while True:
+        if req.end_offset and offset >= req.end_offset:
+            return True
+        found = replica.lookup(offset)
+        if found is None:
+            jump = replica.next_offset_after_gap(offset)
+            if jump is not None and offset < replica.write_head:
+                offset = jump  # bytes skipped by a roll forward were never written
+                continue
+            if not req.block:
+                await conn.send(ReadResponse(status=Status.OFFSET_NOT_YET_AVAILABLE,
+                                             header=res.header if first else None,
+                                             offset=offset, write_head=replica.write_head))
+                return True
+            change = asyncio.ensure_future(replica.wait_change())
+            done, _ = await asyncio.wait({change, gone}, return_when=asyncio.FIRST_COMPLETED)
+            change.cancel()
+            if gone in done:
+                return False
+            continue
+        frag, local = found
+        if frag.is_persisted and local is None and frag != replica.spool.fragment:
+            ok = await _persisted(conn, req, res, replica, frag, offset, first)
+            if not ok:
+                return True
+            first = False
+            offset = frag.end
+            continue
+        await conn.send(ReadResponse(header=res.header if first else None, offset=offset,
+                                     write_head=replica.write_head, fragment=frag))
+        first = False
+        if req.metadata_only:
+            return True
+        stop = min(frag.end, req.end_offset) if req.end_offset else frag.end
+        while offset < stop:
+            data = replica.read_local(frag, local, offset, min(READ_CHUNK, stop - offset))
+            if not data:
+                break  # at the head, or the spool rolled: look the offset up again
+            conn.write(ReadContent(offset=offset), data)
+            offset += len(data)
+            metrics.READ_BYTES.inc(len(data))
+            await conn.drain()
+
+
+async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
+                     first: bool) -> bool:
+    """A fragment only the store holds: hand out its URL, or stream it ourselves."""
+    from fragment_store.codecs import decompress
+    from fragment_store.keys import fragment_key
+    from fragment_store.stores import open_store
+
+    store = open_store(frag.backing_store)
+    key = fragment_key(frag)
+    url = ""
+    try:
+        url = store.signed_url(key, 60.0)
+    except Exception:  # noqa: BLE001 - a store without signing: we stream instead
+        pass
+    await conn.send(ReadResponse(header=res.header if first else None, offset=offset,
+                                 write_head=replica.write_head, fragment=frag, fragment_url=url))
+    if req.metadata_only or (req.do_not_proxy and url):
+        return False
+    raw = await asyncio.to_thread(store.read_all, key)
+    data = await asyncio.to_thread(decompress, frag.codec, raw)
+    stop = min(frag.end, req.end_offset) if req.end_offset else frag.end
+    view = memoryview(data)
+    while offset < stop:
+        n = min(READ_CHUNK, stop - offset)
+        conn.write(ReadContent(offset=offset), view[offset - frag.begin:offset - frag.begin + n])
+        offset += n
+        await conn.drain()
+    return not (req.end_offset and offset >= req.end_offset)
+
+
+async def proxy_read(conn: FrameStream, req: ReadRequest, res) -> bool:  # noqa: ANN001
+    # Any member will do; one that is down (its lease not yet expired) is skipped.
+    upstream: FrameStream | None = None
+    for endpoint in [e for e in res.route.endpoints if e]:
+        try:
+            upstream = await FrameStream.connect(endpoint, timeout=5.0)
+            await upstream.send(Hello())
+            await asyncio.wait_for(upstream.read_message(HelloAck), 5.0)
+            break
+        except (OSError, ProtocolError, asyncio.TimeoutError):
+            if upstream is not None:
+                upstream.abort()
+            upstream = None
+    if upstream is None:
+        await conn.send(ReadResponse(status=Status.UNAVAILABLE, header=res.header,
+                                     message="no member of the route is reachable"))
+        return True
+    try:
+        await upstream.send(ReadRequest(journal=req.journal, header=res.header, offset=req.offset,
+                                        block=req.block, do_not_proxy=True,
+                                        metadata_only=req.metadata_only, end_offset=req.end_offset,
+                                        begin_mod_time=req.begin_mod_time))
+        while True:
+            try:
+                frame = await upstream.read()
+            except ProtocolError:
+                return False
+            conn.write(frame.message, frame.payload)
+            await conn.drain()
+            if isinstance(frame.message, ReadResponse) and frame.message.status != Status.OK:
+                return True
+    finally:
+        await upstream.close()
+
+
+async def serve_fetch(broker, conn: FrameStream, req: FetchFragmentRequest) -> bool:  # noqa: ANN001
+    """Raw bytes of a closed local fragment (persist workers fetch them from us)."""
+    replica = broker.replicas.get(req.fragment.journal)
+    lf = replica.local_file(req.fragment) if replica is not None else None
+    if lf is None or lf.file is None:
+        await conn.send(FetchFragmentResponse(status=Status.JOURNAL_NOT_FOUND if replica is None
+                                              else Status.OFFSET_NOT_YET_AVAILABLE,
+                                              message="no such closed fragment here"))
+        return True
+    await conn.send(FetchFragmentResponse())
+    size, pos = lf.fragment.end - lf.fragment.begin, 0
+    while pos < size:
+        data = lf.file.read_at(pos, min(FETCH_CHUNK, size - pos))
+        if not data:
+            break
+        conn.write(FragmentContent(), data)
+        pos += len(data)
+        await conn.drain()
+    await conn.send(FragmentContent())
+    return True
+
+
+async def serve_list_fragments(broker, conn: FrameStream, req: ListFragmentsRequest) -> bool:  # noqa: ANN001
+    res = await broker.resolve(req.journal, 0)
+    if res.status != Status.OK:
+        await conn.send(ListFragmentsResponse(status=res.status, header=res.header))
+        return True
+    replica = broker.replicas.get(req.journal)
+    frags: dict[tuple[int, int, str], FragmentInfo] = {}
+    if replica is not None:
+        for f in replica.remote:
+            frags[(f.begin, f.end, f.sum)] = FragmentInfo(spec=f)
+        for lf in replica.local:
+            f = lf.fragment
+            key = (f.begin, f.end, f.sum)
+            frags[key] = FragmentInfo(spec=frags[key].spec if key in frags else f, local=True)
+        if replica.spool.fragment.end > replica.spool.fragment.begin:
+            f = replica.spool.fragment
+            frags[(f.begin, f.end, f.sum)] = FragmentInfo(spec=f, local=True)
+    ordered = [v for k, v in sorted(frags.items()) if k[0] >= req.next_page_token]
+    limit = max(1, min(req.page_limit or 1000, 10000))
+    page, rest = ordered[:limit], ordered[limit:]
+    await conn.send(ListFragmentsResponse(header=res.header, fragments=tuple(page),
+                                          next_page_token=rest[0].spec.begin if rest else 0))
+    return True

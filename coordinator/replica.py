@@ -1,0 +1,212 @@
+"""A Replica: one journal hosted by this coordinator.
+
+It owns the journal's Spool and the two ownership tokens of the seed — `spool_lock`
+(one Append/Replicate owner of the spool at a time) and `pipeline_lock` (the send side
+of the primary's pipeline) — plus what readers need: the published write head, the
+closed local fragments still on disk, and the remote fragment index.
+
+Idle journals must be cheap, so a Replica starts no task and opens no file: the spool
+file is created on the first content byte, and the reader wake-up future only exists
+while someone waits.
+
+Visibility: a replica publishes a commit as soon as its spool adopts it (the primary
+only proposes a commit after the append's content reached every peer). The primary
+publishes only after every peer acknowledged (pipeline.py), so a reader at the
+primary never sees bytes that a failed append left on it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from quire.logs import get_logger
+from quire.protocol import Fragment
+
+from .spool import FileFactory, Spool, SpoolFile
+
+log = get_logger(__name__)
+
+
+class Persister(Protocol):
+    """Receives closed fragments. The workers engineer's CeleryPersister implements it."""
+
+    async def on_closed(self, fragment: Fragment, path: str | None) -> None: ...
+
+
+class LocalPersister:
+    """Default: keep the file on local disk and log (persistence happens elsewhere)."""
+
+    async def on_closed(self, fragment: Fragment, path: str | None) -> None:
+        log.info("fragment closed; kept locally", journal=fragment.journal,
+                 begin=fragment.begin, end=fragment.end, path=path)
+
+
+@dataclass(slots=True)
+class LocalFragment:
+    fragment: Fragment
+    file: SpoolFile | None
+
+
+class Replica:
+    __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
+                 "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
+                 "_pulse_pending")
+
+    def __init__(self, journal: str, files: FileFactory,
+                 on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
+        self.journal = journal
+        self.spool = Spool(journal, files=files, observer=self)
+        self.spool_lock = asyncio.Lock()
+        self.pipeline_lock = asyncio.Lock()
+        self.pipeline = None  # a pipeline.Pipeline while we are primary and synced
+        self.head = 0
+        """Published write head: readers see bytes below it (and nothing beyond)."""
+        self.local: list[LocalFragment] = []
+        """Closed fragments still on local disk, in offset order."""
+        self.remote: tuple[Fragment, ...] = ()
+        """The persisted covering set (from the index workers), in offset order."""
+        self.index_ready = False
+        self._wake: asyncio.Future[None] | None = None
+        self._on_closed = on_closed
+        self._log = log.bind(journal=journal)
+        self._pulse_pending = False
+
+    # -- spool observer ---------------------------------------------------------------
+
+    def on_commit(self, spool: Spool, fragment: Fragment, primary: bool) -> None:
+        if not primary:
+            self.publish(fragment.end)
+
+    def on_closed(self, spool: Spool, fragment: Fragment, file: SpoolFile | None,
+                  primary: bool) -> None:
+        self.local.append(LocalFragment(fragment, file))
+        self._log.info("fragment closed", fragment_begin=fragment.begin,
+                       fragment_end=fragment.end, sum=fragment.sum, primary=primary)
+        if self._on_closed is not None:
+            self._on_closed(fragment, file.path if file else None, primary)
+        self._drop_persisted()
+
+    # -- publication and waiting ------------------------------------------------------
+
+    def publish(self, end: int) -> None:
+        if end > self.head:
+            self.head = end
+            self.wake()
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            if not self._wake.done():
+                self._wake.set_result(None)
+            self._wake = None
+
+    async def wait_change(self, timeout: float | None = None) -> None:
+        """Block until the head moves or the index changes (never polls)."""
+        if self._wake is None:
+            self._wake = asyncio.get_running_loop().create_future()
+        fut = self._wake
+        if timeout is None:
+            await asyncio.shield(fut)
+        else:
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- the remote index -------------------------------------------------------------
+
+    def set_remote_index(self, fragments: Sequence[Fragment]) -> None:
+        """Replace the persisted covering set (called by coordinator/index_watch.py)."""
+        self.remote = tuple(sorted((f for f in fragments if f.end > f.begin),
+                                   key=lambda f: (f.begin, f.end)))
+        self.index_ready = True
+        self._drop_persisted()
+        self.wake()
+
+    @property
+    def index_end(self) -> int:
+        return self.remote[-1].end if self.remote else 0
+
+    def _drop_persisted(self) -> None:
+        # A closed local fragment is deleted only once the index shows its whole span
+        # persisted: until then it is the only copy this replica can serve or re-send.
+        if not self.remote:
+            return
+        kept: list[LocalFragment] = []
+        for lf in self.local:
+            if self._covered(lf.fragment):
+                if lf.file is not None:
+                    lf.file.discard()
+                self._log.debug("local fragment persisted; dropped", fragment_begin=lf.fragment.begin)
+            else:
+                kept.append(lf)
+        self.local = kept
+
+    def _covered(self, frag: Fragment) -> bool:
+        return any(r.begin <= frag.begin and frag.end <= r.end for r in self.remote)
+
+    # -- reads ------------------------------------------------------------------------
+
+    @property
+    def write_head(self) -> int:
+        return max(self.head, self.index_end)
+
+    def lookup(self, offset: int) -> tuple[Fragment, LocalFragment | None] | None:
+        """The fragment serving `offset`: a readable local one first, then the store.
+
+        The returned fragment is clipped to the published head so uncommitted (or, at
+        the primary, not yet acknowledged) bytes are never handed out.
+        """
+        if offset < self.head:
+            spool = self.spool.fragment
+            if spool.begin <= offset < spool.end:
+                return spool, None
+            for lf in self.local:
+                if lf.fragment.begin <= offset < lf.fragment.end:
+                    return lf.fragment, lf
+        begins = [f.begin for f in self.remote]
+        i = bisect.bisect_right(begins, offset) - 1
+        if i >= 0 and self.remote[i].end > offset:
+            # Longest tail: a later fragment that also covers offset reaches further.
+            while i + 1 < len(self.remote) and self.remote[i + 1].begin <= offset:
+                i += 1
+            return self.remote[i], None
+        return None
+
+    def next_offset_after_gap(self, offset: int) -> int | None:
+        """First readable offset > `offset` when `offset` fell in a gap left by a roll."""
+        starts = [lf.fragment.begin for lf in self.local if lf.fragment.begin > offset]
+        starts += [f.begin for f in self.remote if f.begin > offset]
+        if self.spool.fragment.begin > offset and self.spool.fragment.begin < self.head:
+            starts.append(self.spool.fragment.begin)
+        return min(starts) if starts else None
+
+    def read_local(self, frag: Fragment, local: LocalFragment | None, offset: int,
+                   size: int) -> bytes:
+        end = min(frag.end, self.head) if local is None else frag.end
+        size = min(size, end - offset)
+        if size <= 0:
+            return b""
+        if local is None:
+            if self.spool.fragment.begin != frag.begin:
+                return b""  # the spool rolled under us; the caller looks up again
+            return self.spool.read_committed(offset, size)
+        if local.file is None:
+            return b""
+        return local.file.read_at(offset - frag.begin, size)
+
+    def local_file(self, frag: Fragment) -> LocalFragment | None:
+        for lf in self.local:
+            if (lf.fragment.begin, lf.fragment.end, lf.fragment.sum) == (frag.begin, frag.end, frag.sum):
+                return lf
+        return None
+
+    def close(self) -> None:
+        """Release files (the replica left this coordinator)."""
+        self.wake()
+        for lf in self.local:
+            if lf.file is not None and lf.file.path is None:
+                lf.file.discard()

@@ -1,0 +1,268 @@
+"""The coordinator server process: connections, RPC dispatch, hosted replicas.
+
+One `Server` per process. It mirrors etcd (KeySpace), announces its membership, runs
+the allocator, hosts a Replica per journal assigned to it (following assignment changes
+live), and serves one RPC at a time per connection after Hello/HelloAck. As the primary
+of a journal it pulses it (a zero-byte append) whenever its route changes, so the
+pipeline syncs and the route is advertised consistent.
+
+Every task has an owner: topology tasks live in the server's TaskGroup; connection
+handlers are tracked and cancelled (their appends roll back) at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+from quire.logs import get_logger
+from quire.protocol import (
+    AppendRequest,
+    ApplyRequest,
+    ApplyResponse,
+    BrokerInfo,
+    FetchFragmentRequest,
+    Fragment,
+    Hello,
+    HelloAck,
+    ListBrokersRequest,
+    ListBrokersResponse,
+    ListFragmentsRequest,
+    ListRequest,
+    ListResponse,
+    ProcessId,
+    ReadRequest,
+    ReplicateProposal,
+    Route,
+    Status,
+)
+from quire.protocol.errors import ProtocolError, QuireError, ValidationError
+from quire.protocol.stream import FrameStream
+
+from . import metrics
+from .append_api import serve_append
+from .read_api import serve_fetch, serve_list_fragments, serve_read
+from .replica import LocalPersister, Persister, Replica
+from .replicate_api import serve_replicate
+from .spool import DiskFiles
+from .hosting import Hosting
+
+log = get_logger(__name__)
+
+HELLO_TIMEOUT = 10.0
+
+
+@dataclass
+class ServerConfig:
+    zone: str
+    suffix: str
+    listen: str
+    etcd_url: str
+    root: str = "/quire"
+    spool_dir: str = "/tmp/quire-spool"
+    redis_url: str | None = None
+    journal_limit: int = 1024
+    lease_ttl: float = 20.0
+    min_append_rate: float = 64 * 1024
+    drain_timeout: float = 10.0
+    pulse_interval: float = 60.0
+    run_allocator: bool = True
+
+
+class Server:
+    def __init__(self, cfg: ServerConfig, persister: Persister | None = None) -> None:
+        self.cfg = cfg
+        self.me = ProcessId(cfg.zone, cfg.suffix)
+        self.files = DiskFiles(cfg.spool_dir)
+        self.persister: Persister = persister or LocalPersister()
+        holder = getattr(self.persister, "_quire_holder", None)
+        if isinstance(holder, dict):
+            holder["server"] = self  # the persister's callbacks look up routes through us
+        self.replicas: dict[str, Replica] = {}
+        self.topology = Hosting(self)
+        self.keyspace = None  # set once connected
+        self.stopping = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.port = 0
+        self._conns: set[asyncio.Task[None]] = set()
+        self._appends = 0
+        self._appends_idle = asyncio.Event()
+        self._appends_idle.set()
+        self._tg: asyncio.TaskGroup | None = None
+
+    # -- what the FSM and handlers need (append_fsm.Broker) ------------------------------
+
+    async def resolve(self, journal: str, min_revision: int = 0):  # noqa: ANN201
+        return await self.topology.resolver.resolve(journal, min_revision=min_revision)
+
+    def replica(self, journal: str) -> Replica:
+        r = self.replicas.get(journal)
+        if r is None:
+            r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
+            metrics.REPLICAS.set(len(self.replicas))
+        return r
+
+    async def advertise_route(self, journal: str, route: Route) -> int:
+        return await self.topology.advertise(journal, route)
+
+    async def teardown_pipeline(self, replica: Replica) -> None:
+        pln, replica.pipeline = replica.pipeline, None
+        if pln is not None:
+            await pln.close()
+            replica.spool_lock.release()
+
+    def _on_closed(self, fragment: Fragment, path: str | None, primary: bool) -> None:
+        closed = getattr(self.persister, "closed", None)
+        if closed is not None:
+            closed(fragment, path, primary)  # the Celery persister's non-blocking form
+        elif self._tg is not None:
+            self._tg.create_task(self.persister.on_closed(fragment, path))
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stopping.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        host, _, port = self.cfg.listen.rpartition(":")
+        async with self.topology.connected():
+            self.keyspace = self.topology.keyspace
+            server = await asyncio.start_server(self._accept, host or "127.0.0.1", int(port),
+                                                limit=1 << 21, backlog=1024)
+            self.port = server.sockets[0].getsockname()[1]
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    self._tg = tg
+                    await self.topology.start(tg)
+                    self.ready.set()
+                    log.info("coordinator serving", id=str(self.me), listen=self.cfg.listen)
+                    await self.stopping.wait()
+                    log.info("coordinator stopping", id=str(self.me))
+                    server.close()
+                    await self.topology.set_exiting()
+                    await self._drain()
+                    self.topology.stop()
+            finally:
+                self._tg = None
+                server.close()
+                for t in list(self._conns):
+                    t.cancel()
+                if self._conns:
+                    await asyncio.gather(*self._conns, return_exceptions=True)
+                for r in list(self.replicas.values()):
+                    if r.pipeline is not None:
+                        await self.teardown_pipeline(r)
+        self.files.close()
+        log.info("coordinator stopped", id=str(self.me))
+
+    async def _drain(self) -> None:
+        """Let in-flight appends finish (bounded); the rest are cancelled and roll back."""
+        try:
+            await asyncio.wait_for(self._appends_idle.wait(), self.cfg.drain_timeout)
+        except asyncio.TimeoutError:
+            log.warning("appends still in flight at shutdown; rolling them back", count=self._appends)
+
+    # -- connections ------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        conn = FrameStream(reader, writer)
+        try:
+            await self._serve(conn)
+        except asyncio.CancelledError:
+            pass
+        except ProtocolError as exc:
+            if type(exc).__name__ != "ConnectionClosed":
+                log.info("closing a connection that broke the protocol", peer=conn.peer, error=str(exc))
+            await conn.send_error(str(exc))
+        except (ConnectionError, OSError) as exc:
+            log.info("connection failed", peer=conn.peer, error=repr(exc))
+        except Exception:  # noqa: BLE001 - one broken connection must not take the server down
+            log.exception("connection handler failed", peer=conn.peer)
+            await conn.send_error("internal error", Status.UNAVAILABLE)
+        finally:
+            self._conns.discard(task)
+            conn.abort()
+
+    async def _serve(self, conn: FrameStream) -> None:
+        frame = await asyncio.wait_for(conn.read(), HELLO_TIMEOUT)
+        if not isinstance(frame.message, Hello):
+            raise ProtocolError(f"expected Hello, got {type(frame.message).__name__}")
+        await conn.send(HelloAck(process_id=self.me))
+        while not self.stopping.is_set():
+            try:
+                frame = await conn.read()
+            except ProtocolError as exc:
+                if type(exc).__name__ == "ConnectionClosed":
+                    return
+                raise
+            if not await self._dispatch(conn, frame.message, frame.payload):
+                return
+
+    async def _dispatch(self, conn: FrameStream, msg: object, payload: bytes | memoryview) -> bool:
+        if isinstance(msg, AppendRequest):
+            self._appends += 1
+            self._appends_idle.clear()
+            try:
+                return await serve_append(self, conn, msg, self.cfg.min_append_rate)
+            finally:
+                self._appends -= 1
+                if self._appends == 0:
+                    self._appends_idle.set()
+        if isinstance(msg, ReadRequest):
+            return await serve_read(self, conn, msg)
+        if isinstance(msg, ReplicateProposal):
+            return await serve_replicate(self, conn, msg)
+        if isinstance(msg, FetchFragmentRequest):
+            return await serve_fetch(self, conn, msg)
+        if isinstance(msg, ListFragmentsRequest):
+            return await serve_list_fragments(self, conn, msg)
+        if isinstance(msg, ListRequest):
+            return await self._list(conn, msg)
+        if isinstance(msg, ApplyRequest):
+            return await self._apply(conn, msg)
+        if isinstance(msg, ListBrokersRequest):
+            return await self._list_brokers(conn)
+        raise ProtocolError(f"unexpected {type(msg).__name__} at the start of an RPC")
+
+    async def _list(self, conn: FrameStream, req: ListRequest) -> bool:
+        from .specs import list_specs
+
+        entries = await list_specs(self.topology.client, self.cfg.root, req.selector)
+        await conn.send(ListResponse(header=self.topology.resolver._header(Route()),
+                                     journals=tuple(entries)))
+        return True
+
+    async def _apply(self, conn: FrameStream, req: ApplyRequest) -> bool:
+        from .specs import apply_specs
+
+        try:
+            rev = await apply_specs(self.topology.client, self.cfg.root, req.changes)
+        except ValidationError as exc:
+            await conn.send(ApplyResponse(status=Status.BAD_REQUEST, message=str(exc)))
+            return True
+        except QuireError as exc:
+            status = getattr(exc, "status", Status.UNAVAILABLE)
+            await conn.send(ApplyResponse(status=status, message=str(exc)))
+            return True
+        await self.keyspace.wait_for_revision(rev, 10.0)  # read our own write
+        await conn.send(ApplyResponse(revision=rev))
+        return True
+
+    async def _list_brokers(self, conn: FrameStream) -> bool:
+        ks = self.keyspace
+        infos = []
+        for pid, m in sorted(ks.members.items()):
+            mine = ks.assignments_of(pid)
+            infos.append(BrokerInfo(id=pid, endpoint=m.spec.endpoint,
+                                    journal_limit=m.spec.journal_limit, assigned=len(mine),
+                                    primaries=sum(1 for a in mine if a.slot == 0),
+                                    exiting=m.spec.exiting))
+        await conn.send(ListBrokersResponse(brokers=tuple(infos)))
+        return True

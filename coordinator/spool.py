@@ -1,0 +1,396 @@
+"""The Spool: a replica's transactional memory of one journal (sans-IO).
+
+A Spool holds the committed Fragment being built, an uncommitted `delta` of content
+beyond it, a running SHA-1 (with the hasher state saved at the last commit), the
+journal registers and the time of the fragment's first commit. It is driven only by
+replicate messages and validates every transition itself, so each replica checks the
+primary independently:
+
+* content (ReplicateContent + bytes): must arrive at `content_delta == delta`; it is
+  written to the spool file at `length + delta` and folded into the running SHA-1.
+* proposal (ReplicateProposal), evaluated in order:
+  - roll: `proposal.end > end + delta`, or an empty proposal at `end`: the non-empty
+    fragment is closed (handed to the observer) and the spool restarts empty at
+    `proposal.end` with the proposal's codec. Uncommitted bytes are dropped.
+  - rollback: the proposal equals the committed fragment (and registers): delta is
+    discarded, the SHA-1 state restored, the file truncated.
+  - commit: `delta != 0` and proposal == `next()`: adopt it, take registers, notify.
+  - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers.
+
+No asyncio, sockets, etcd or store imports: files are reached through the small
+`SpoolFile` / `FileFactory` interface (disk and memory implementations below), and
+time through an injected clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from quire.protocol import EMPTY_SUM, Codec, Fragment, LabelSet, ReplicateProposal, ReplicateResponse, Status
+from quire.protocol.errors import QuireError
+
+
+class SpoolError(QuireError):
+    """A replicate message that no valid primary could have sent; aborts the stream."""
+
+
+class ContentDeltaMismatch(SpoolError):
+    pass
+
+
+# -- files ------------------------------------------------------------------------------
+
+class SpoolFile(Protocol):
+    """Random-access byte storage of one fragment's raw content."""
+
+    path: str | None
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None: ...
+    def read_at(self, offset: int, size: int) -> bytes: ...
+    def truncate(self, size: int) -> None: ...
+    def seal(self, fragment: Fragment) -> None:
+        """The fragment is closed: no more writes; keep the bytes (maybe under a new name)."""
+    def discard(self) -> None:
+        """Release the bytes for good (after persistence, or when dropped)."""
+
+
+class FileFactory(Protocol):
+    def create(self, journal: str, begin: int) -> SpoolFile: ...
+
+
+class MemoryFile:
+    """A bytearray: tests and the property test use it; so can tiny journals."""
+
+    path: str | None = None
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        if offset > len(self.buf):
+            self.buf.extend(b"\0" * (offset - len(self.buf)))
+        self.buf[offset:offset + len(data)] = data
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return bytes(self.buf[offset:offset + size])
+
+    def truncate(self, size: int) -> None:
+        del self.buf[size:]
+
+    def seal(self, fragment: Fragment) -> None:
+        pass
+
+    def discard(self) -> None:
+        self.buf = bytearray()
+
+
+class MemoryFiles:
+    def create(self, journal: str, begin: int) -> SpoolFile:
+        return MemoryFile()
+
+
+class DiskFile:
+    """A file under the spool directory, read and written with pread/pwrite.
+
+    The fd stays open until discard(): readers of a closed fragment keep working even
+    while it is renamed, and a discard between two reads surfaces as FileNotFoundError
+    for the *next* lookup, never as torn content.
+    """
+
+    def __init__(self, path: Path, files: DiskFiles | None = None, fd: int = -1) -> None:
+        self.path: str | None = str(path)
+        self._files = files
+        self._fd = fd if fd >= 0 else os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def truncate(self, size: int) -> None:
+        # Only a rollback truncates, and only the uncommitted tail; a recycled file may
+        # hold stale bytes further out, which no reader can see (reads stop at the
+        # committed end) and seal() cuts off.
+        os.ftruncate(self._fd, size)
+
+    def seal(self, fragment: Fragment) -> None:
+        # Name the closed file after its content so a restart (or an operator) can tell
+        # what it holds; the open fd is unaffected by the rename.
+        assert self.path is not None
+        sealed = Path(self.path).with_name(f"{fragment.begin:016x}-{fragment.end:016x}-{fragment.sum}.raw")
+        os.ftruncate(self._fd, fragment.end - fragment.begin)
+        os.rename(self.path, sealed)
+        self.path = str(sealed)
+
+    def discard(self) -> None:
+        if self._fd < 0:
+            return
+        fd, path, self._fd, self.path = self._fd, self.path, -1, None
+        if self._files is not None and path and self._files.recycle(fd, path):
+            return
+        os.close(fd)
+        if path:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+class DiskFiles:
+    """Spool files at `<root>/<journal>/<begin:016x>.spool` (journal names are clean paths).
+
+    Discarded files (closed fragments already persisted) are kept in a small free pool
+    and overwritten by the next spool instead of unlinked: writing into pages the page
+    cache already holds costs a memcpy, while fresh pages cost an allocation each —
+    the difference is ~40% of spool throughput (see docs/benchmarks.md).
+    """
+
+    def __init__(self, root: str | Path, recycle: int = 4) -> None:
+        self.root = Path(root)
+        self._limit = recycle
+        self._free: list[tuple[int, Path]] = []
+        self._seq = 0
+
+    def create(self, journal: str, begin: int) -> SpoolFile:
+        path = self.root / journal / f"{begin:016x}.spool"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self._free:
+            fd, old = self._free.pop()
+            os.rename(old, path)
+            return DiskFile(path, self, fd)
+        return DiskFile(path, self)
+
+    def recycle(self, fd: int, path: str) -> bool:
+        if len(self._free) >= self._limit:
+            return False
+        self._seq += 1
+        free = self.root / ".free" / f"{os.getpid()}-{self._seq}"
+        try:
+            free.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, free)
+        except OSError:
+            return False
+        self._free.append((fd, free))
+        return True
+
+    def close(self) -> None:
+        while self._free:
+            fd, path = self._free.pop()
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+# -- observers --------------------------------------------------------------------------
+
+class SpoolObserver(Protocol):
+    def on_commit(self, spool: Spool, fragment: Fragment, primary: bool) -> None: ...
+    def on_closed(self, spool: Spool, fragment: Fragment, file: SpoolFile | None,
+                  primary: bool) -> None: ...
+
+
+class NullObserver:
+    def on_commit(self, spool: Spool, fragment: Fragment, primary: bool) -> None:
+        pass
+
+    def on_closed(self, spool: Spool, fragment: Fragment, file: SpoolFile | None,
+                  primary: bool) -> None:
+        if file is not None:
+            file.discard()
+
+
+# -- the spool --------------------------------------------------------------------------
+
+_EMPTY_SHA1 = hashlib.sha1()
+
+
+class Spool:
+    __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
+                 "_hasher", "_saved", "_file", "_files", "_observer", "_clock")
+
+    def __init__(self, journal: str, *, files: FileFactory | None = None,
+                 observer: SpoolObserver | None = None, begin: int = 0,
+                 codec: Codec = Codec.NONE, registers: LabelSet = LabelSet(),
+                 clock: Callable[[], float] = time.time) -> None:
+        self.journal = journal
+        self.fragment = Fragment(journal=journal, begin=begin, end=begin, codec=codec)
+        self.registers = registers
+        self.first_append_time = 0.0
+        self.delta = 0
+        # hashlib objects are copied, never shared: _saved is the state at the last
+        # commit, _hasher the running state through end + delta.
+        self._hasher = _EMPTY_SHA1.copy()
+        self._saved = _EMPTY_SHA1.copy()
+        self._file: SpoolFile | None = None
+        self._files: FileFactory = files or MemoryFiles()
+        self._observer: SpoolObserver = observer or NullObserver()
+        self._clock = clock
+
+    # -- views ----------------------------------------------------------------------
+
+    @property
+    def begin(self) -> int:
+        return self.fragment.begin
+
+    @property
+    def end(self) -> int:
+        return self.fragment.end
+
+    @property
+    def content_length(self) -> int:
+        return self.fragment.end - self.fragment.begin
+
+    @property
+    def file(self) -> SpoolFile | None:
+        return self._file
+
+    def next(self) -> Fragment:
+        """The fragment a commit of the current delta must propose."""
+        if self.delta == 0:
+            return self.fragment
+        return Fragment(journal=self.journal, begin=self.fragment.begin,
+                        end=self.fragment.end + self.delta, sum=self._hasher.hexdigest(),
+                        codec=self.fragment.codec)
+
+    def read_committed(self, offset: int, size: int) -> bytes:
+        """Committed bytes from journal `offset` (never the uncommitted delta)."""
+        if not (self.fragment.begin <= offset <= self.fragment.end):
+            raise SpoolError(f"offset {offset} outside the spool {self.fragment.begin}-{self.fragment.end}")
+        size = min(size, self.fragment.end - offset)
+        if size <= 0 or self._file is None:
+            return b""
+        return self._file.read_at(offset - self.fragment.begin, size)
+
+    # -- proposals a primary builds (pure) -------------------------------------------
+
+    def commit_proposal(self, registers: LabelSet | None = None) -> ReplicateProposal:
+        return ReplicateProposal(proposal=self.next(),
+                                 registers=self.registers if registers is None else registers)
+
+    def rollback_proposal(self, acknowledge: bool = False) -> ReplicateProposal:
+        return ReplicateProposal(proposal=self.fragment, registers=self.registers,
+                                 acknowledge=acknowledge)
+
+    def roll_proposal(self, offset: int | None = None, codec: Codec | None = None,
+                      registers: LabelSet | None = None, acknowledge: bool = True) -> ReplicateProposal:
+        at = self.fragment.end if offset is None else offset
+        return ReplicateProposal(
+            proposal=Fragment(journal=self.journal, begin=at, end=at,
+                              codec=self.fragment.codec if codec is None else codec),
+            registers=self.registers if registers is None else registers, acknowledge=acknowledge)
+
+    def should_roll(self, length_target: int, codec: Codec, flush_interval: float,
+                    now: float | None = None) -> bool:
+        """Roll triggers checked by the primary at the start of an append.
+
+        A codec change takes effect only on an empty spool (never cutting a fragment
+        short for it); an empty spool is otherwise never rolled.
+        """
+        if self.content_length == 0:
+            return codec != self.fragment.codec
+        if self.content_length >= length_target:
+            return True
+        if flush_interval > 0 and self.first_append_time:
+            now = self._clock() if now is None else now
+            return int(self.first_append_time // flush_interval) != int(now // flush_interval)
+        return False
+
+    # -- transitions ----------------------------------------------------------------
+
+    def apply(self, message: ReplicateProposal | object, payload: bytes | memoryview = b"",
+              *, primary: bool = False) -> ReplicateResponse | None:
+        if isinstance(message, ReplicateProposal):
+            return self.apply_proposal(message, primary=primary)
+        self.apply_content(getattr(message, "content_delta"), payload)
+        return None
+
+    def apply_content(self, content_delta: int, data: bytes | memoryview) -> None:
+        if content_delta != self.delta:
+            raise ContentDeltaMismatch(
+                f"{self.journal}: content_delta {content_delta}, expected {self.delta}")
+        if not data:
+            return
+        if self._file is None:
+            # Lazily: an idle journal costs no file and no fd.
+            self._file = self._files.create(self.journal, self.fragment.begin)
+        self._file.write_at(self.content_length + self.delta, data)
+        self._hasher.update(data)
+        self.delta += len(data)
+
+    def apply_proposal(self, msg: ReplicateProposal, *, primary: bool = False) -> ReplicateResponse:
+        prop = msg.proposal
+        if prop.journal != self.journal:
+            return self._mismatch()
+        end = self.fragment.end
+        if prop.end > end + self.delta or (prop.end == end and prop.begin == prop.end):
+            self._roll(prop, msg.registers, primary)
+
+        if prop == self.fragment and msg.registers == self.registers:
+            self._rollback()
+            return ReplicateResponse(status=Status.OK)
+
+        if self.delta != 0 and prop == self.next():
+            self._commit(prop, msg.registers, primary)
+            return ReplicateResponse(status=Status.OK)
+        return self._mismatch()
+
+    def rollback(self) -> None:
+        """Drop uncommitted content (a replicate stream ended mid-append)."""
+        self._rollback()
+
+    def close(self, primary: bool = False) -> None:
+        """Finish the current fragment (replica shutdown / journal dropped)."""
+        self._roll(self.roll_proposal().proposal, self.registers, primary)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _mismatch(self) -> ReplicateResponse:
+        return ReplicateResponse(status=Status.PROPOSAL_MISMATCH, fragment=self.fragment,
+                                 registers=self.registers)
+
+    def _rollback(self) -> None:
+        if self.delta:
+            self.delta = 0
+            self._hasher = self._saved.copy()
+            if self._file is not None:
+                self._file.truncate(self.content_length)
+
+    def _commit(self, prop: Fragment, registers: LabelSet, primary: bool) -> None:
+        self.fragment = prop
+        self.registers = registers
+        self.delta = 0
+        self._saved = self._hasher.copy()
+        if not self.first_append_time:
+            self.first_append_time = self._clock()
+        self._observer.on_commit(self, prop, primary)
+
+    def _roll(self, prop: Fragment, registers: LabelSet, primary: bool) -> None:
+        self._rollback()
+        old, file = self.fragment, self._file
+        if old.end != old.begin:
+            if file is not None:
+                file.seal(old)
+            self._observer.on_closed(self, old, file, primary)
+        elif file is not None:
+            file.discard()
+        if prop.end > old.end:
+            # Only a proposal strictly ahead carries registers we do not know.
+            self.registers = registers
+        self.fragment = Fragment(journal=self.journal, begin=prop.end, end=prop.end,
+                                 sum=EMPTY_SUM, codec=prop.codec)
+        self.delta = 0
+        self._hasher = _EMPTY_SHA1.copy()
+        self._saved = _EMPTY_SHA1.copy()
+        self._file = None
+        self.first_append_time = 0.0

@@ -1,0 +1,195 @@
+"""Test helpers: coordinator subprocesses on loopback and a tiny client over FrameStream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from quire.protocol import (
+    AppendAbort,
+    AppendChunk,
+    AppendCommit,
+    AppendRequest,
+    AppendResponse,
+    ApplyChange,
+    ApplyRequest,
+    ApplyResponse,
+    FragmentSpec,
+    Hello,
+    HelloAck,
+    JournalSpec,
+    ListRequest,
+    ListResponse,
+    ReadContent,
+    ReadRequest,
+    ReadResponse,
+    Status,
+)
+from quire.protocol.fragment import Codec
+from quire.protocol.stream import FrameStream
+from quire.services import free_port
+
+
+class Conn:
+    def __init__(self, stream: FrameStream) -> None:
+        self.s = stream
+
+    @classmethod
+    async def open(cls, endpoint: str) -> Conn:
+        s = await FrameStream.connect(endpoint, timeout=5.0)
+        await s.send(Hello())
+        await asyncio.wait_for(s.read_message(HelloAck), 5.0)
+        return cls(s)
+
+    async def close(self) -> None:
+        await self.s.close()
+
+    async def append(self, journal: str, chunks: list[bytes], **kw) -> AppendResponse:  # noqa: ANN003
+        self.s.write(AppendRequest(journal=journal, **kw))
+        for c in chunks:
+            self.s.write(AppendChunk(), c)
+            await self.s.drain()
+        await self.s.send(AppendCommit())
+        msg, _ = await asyncio.wait_for(self.s.read_message(AppendResponse), 30.0)
+        return msg
+
+    async def apply(self, *specs: JournalSpec) -> ApplyResponse:
+        await self.s.send(ApplyRequest(changes=tuple(ApplyChange(upsert=s, expect_mod_revision=-1)
+                                                     for s in specs)))
+        msg, _ = await asyncio.wait_for(self.s.read_message(ApplyResponse), 30.0)
+        return msg
+
+    async def list(self) -> ListResponse:
+        await self.s.send(ListRequest())
+        msg, _ = await asyncio.wait_for(self.s.read_message(ListResponse), 30.0)
+        return msg
+
+    async def read(self, journal: str, offset: int, end_offset: int = 0,
+                   block: bool = False) -> tuple[bytes, list[ReadResponse]]:
+        await self.s.send(ReadRequest(journal=journal, offset=offset, end_offset=end_offset,
+                                      block=block))
+        out = bytearray()
+        metas: list[ReadResponse] = []
+        pos = offset
+        while True:
+            frame = await asyncio.wait_for(self.s.read(), 30.0)
+            m = frame.message
+            if isinstance(m, ReadResponse):
+                metas.append(m)
+                if m.status != Status.OK:
+                    return bytes(out), metas
+                pos = m.offset
+            elif isinstance(m, ReadContent):
+                assert m.offset == pos, (m.offset, pos)
+                out += frame.payload
+                pos += len(frame.payload)
+                if end_offset and pos >= end_offset:
+                    return bytes(out), metas
+            else:
+                raise AssertionError(f"unexpected {m}")
+
+
+def spec(name: str, replication: int = 3, length: int = 1 << 20) -> JournalSpec:
+    return JournalSpec(name=name, replication=replication,
+                       fragment=FragmentSpec(length=length, compression_codec=Codec.NONE))
+
+
+@dataclass
+class Node:
+    zone: str
+    suffix: str
+    port: int
+    spool_dir: str
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class Cluster:
+    etcd_url: str
+    root: str
+    workdir: str
+    nodes: list[Node] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+    def add(self, zone: str, suffix: str) -> Node:
+        port = free_port()
+        node = Node(zone, suffix, port, os.path.join(self.workdir, f"spool-{suffix}"))
+        self.nodes.append(node)
+        return node
+
+    def start(self, node: Node) -> None:
+        node.log_path = os.path.join(self.workdir, f"{node.suffix}.log")
+        argv = [sys.executable, "-m", "coordinator.main", "--zone", node.zone, "--id", node.suffix,
+                "--listen", node.endpoint, "--etcd", self.etcd_url, "--root", self.root,
+                "--spool-dir", node.spool_dir, "--lease-ttl", "3", "--log-format", "json",
+                *self.extra]
+        with open(node.log_path, "ab") as logf:
+            node.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    async def wait_listening(self, node: Node, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                c = await Conn.open(node.endpoint)
+                await c.close()
+                return
+            except (OSError, asyncio.TimeoutError, Exception):  # noqa: BLE001
+                if node.proc is not None and node.proc.poll() is not None:
+                    raise RuntimeError(f"{node.suffix} exited: {self.tail(node)}")
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)  # connection attempts against a starting process
+
+    def kill(self, node: Node, sig: int = signal.SIGKILL) -> None:
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(sig)
+
+    def stop_all(self) -> None:
+        for n in self.nodes:
+            self.kill(n, signal.SIGTERM)
+        for n in self.nodes:
+            if n.proc is not None:
+                try:
+                    n.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    n.proc.kill()
+                    n.proc.wait(5)
+
+    def tail(self, node: Node, n: int = 30) -> str:
+        try:
+            with open(node.log_path, "rb") as f:
+                return b"".join(f.readlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+
+async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0) -> AppendResponse:
+    """Zero-byte appends until one succeeds (the allocator and pulse need a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = await Conn.open(endpoint)
+        try:
+            resp = await conn.append(journal, [])
+        except Exception:  # noqa: BLE001 - the broker answered early and closed
+            resp = AppendResponse(status=Status.UNAVAILABLE)
+        finally:
+            await conn.close()
+        if resp.status == Status.OK or time.monotonic() > deadline:
+            return resp
+        await asyncio.sleep(0.1)  # retry a barrier while the route forms
+
+
+def make_workdir() -> str:
+    return tempfile.mkdtemp(prefix="quire-coord-")

@@ -1,0 +1,208 @@
+"""Spool transitions: unit cases plus a hypothesis state machine over interleavings."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from coordinator.spool import ContentDeltaMismatch, DiskFiles, MemoryFiles, Spool
+from quire.protocol import Codec, Fragment, LabelSet, ReplicateProposal, Status
+
+J = "test/journal"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.commits: list[Fragment] = []
+        self.closed: list[tuple[Fragment, bytes]] = []
+
+    def on_commit(self, spool, fragment, primary):  # noqa: ANN001
+        self.commits.append(fragment)
+
+    def on_closed(self, spool, fragment, file, primary):  # noqa: ANN001
+        data = file.read_at(0, fragment.end - fragment.begin) if file else b""
+        self.closed.append((fragment, data))
+        if file is not None:
+            file.discard()
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha1(b).hexdigest()
+
+
+def test_commit_rollback_and_offset_reuse() -> None:
+    rec = Recorder()
+    s = Spool(J, observer=rec)
+    s.apply_content(0, b"hello ")
+    s.apply_content(6, b"world")
+    assert s.next() == Fragment(journal=J, begin=0, end=11, sum=sha(b"hello world"))
+    assert s.apply_proposal(s.commit_proposal()).status == Status.OK
+    assert rec.commits[-1].end == 11 and s.delta == 0
+    # An aborted append: its bytes vanish and its offsets are re-used.
+    s.apply_content(0, b"garbage")
+    assert s.apply_proposal(s.rollback_proposal()).status == Status.OK
+    s.apply_content(0, b"!")
+    s.apply_proposal(s.commit_proposal())
+    assert s.fragment.sum == sha(b"hello world!") and s.end == 12
+    assert s.read_committed(0, 100) == b"hello world!"
+
+
+def test_content_delta_must_match() -> None:
+    s = Spool(J)
+    s.apply_content(0, b"abc")
+    with pytest.raises(ContentDeltaMismatch):
+        s.apply_content(0, b"def")
+
+
+def test_mismatch_returns_own_fragment_and_registers() -> None:
+    regs = LabelSet.of({"owner": "a"})
+    s = Spool(J, registers=regs)
+    s.apply_content(0, b"abc")
+    bogus = Fragment(journal=J, begin=0, end=3, sum=sha(b"xyz"))
+    resp = s.apply_proposal(ReplicateProposal(proposal=bogus, registers=regs))
+    assert resp.status == Status.PROPOSAL_MISMATCH
+    assert resp.fragment == s.fragment and resp.registers == regs
+    assert s.delta == 3  # a mismatch changes nothing
+
+
+def test_roll_forward_closes_fragment_and_takes_registers() -> None:
+    rec = Recorder()
+    s = Spool(J, observer=rec)
+    s.apply_content(0, b"abc")
+    s.apply_proposal(s.commit_proposal())
+    s.apply_content(0, b"uncommitted")
+    regs = LabelSet.of({"k": "v"})
+    resp = s.apply_proposal(s.roll_proposal(offset=100, codec=Codec.ZSTANDARD, registers=regs))
+    assert resp.status == Status.OK
+    assert rec.closed == [(Fragment(journal=J, begin=0, end=3, sum=sha(b"abc")), b"abc")]
+    assert s.fragment == Fragment(journal=J, begin=100, end=100, codec=Codec.ZSTANDARD)
+    assert s.registers == regs and s.delta == 0
+
+
+def test_empty_roll_at_end_changes_codec_of_an_empty_spool() -> None:
+    s = Spool(J)
+    assert s.should_roll(1 << 20, Codec.GZIP, 0)
+    assert s.apply_proposal(s.roll_proposal(codec=Codec.GZIP)).status == Status.OK
+    assert s.fragment.codec == Codec.GZIP and s.end == 0
+    s.apply_content(0, b"x")
+    s.apply_proposal(s.commit_proposal())
+    assert not s.should_roll(1 << 20, Codec.ZSTANDARD, 0)  # never cut short for a codec
+    assert s.should_roll(1, Codec.GZIP, 0)
+
+
+def test_flush_interval_buckets() -> None:
+    now = [1000.0]
+    s = Spool(J, clock=lambda: now[0])
+    s.apply_content(0, b"x")
+    s.apply_proposal(s.commit_proposal())
+    assert not s.should_roll(1 << 20, Codec.NONE, 60.0)
+    now[0] = 1081.0
+    assert s.should_roll(1 << 20, Codec.NONE, 60.0)
+
+
+def test_disk_files_seal_rename_and_recycle(tmp_path) -> None:  # noqa: ANN001
+    files = DiskFiles(tmp_path, recycle=1)
+    kept: list = []
+
+    class Keep(Recorder):
+        def on_closed(self, spool, fragment, file, primary):  # noqa: ANN001
+            kept.append((fragment, file))
+
+    s = Spool(J, files=files, observer=Keep())
+    s.apply_content(0, b"0123456789")
+    s.apply_proposal(s.commit_proposal())
+    s.apply_proposal(s.roll_proposal())
+    frag, f = kept[0]
+    assert f.path.endswith(f"{0:016x}-{10:016x}-{sha(b'0123456789')}.raw")
+    assert open(f.path, "rb").read() == b"0123456789"
+    f.discard()  # recycled: the next spool file reuses it
+    s.apply_content(0, b"ab")
+    s.apply_proposal(s.commit_proposal())
+    assert s.read_committed(10, 100) == b"ab"
+    s.apply_proposal(s.roll_proposal())
+    _, f2 = kept[1]
+    assert open(f2.path, "rb").read() == b"ab"  # stale recycled bytes were cut off
+    files.close()
+
+
+class SpoolMachine(RuleBasedStateMachine):
+    """A primary's spool drives a replica's spool; a model tracks what was committed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prec, self.rrec = Recorder(), Recorder()
+        self.primary = Spool(J, observer=self.prec, files=MemoryFiles())
+        self.replica = Spool(J, observer=self.rrec, files=MemoryFiles())
+        self.pending = b""
+        self.committed = b""  # every committed byte, in journal order (offset 0 onwards)
+        self.gaps: list[tuple[int, int]] = []  # offsets skipped by rolls forward
+
+    def send(self, prop: ReplicateProposal) -> None:
+        a = self.primary.apply_proposal(prop, primary=True)
+        b = self.replica.apply_proposal(prop)
+        assert a.status == b.status == Status.OK, (a, b)
+
+    @rule(data=st.binary(min_size=1, max_size=64))
+    def chunk(self, data: bytes) -> None:
+        delta = self.primary.delta
+        self.primary.apply_content(delta, data)
+        self.replica.apply_content(delta, data)
+        self.pending += data
+
+    @precondition(lambda self: self.pending)
+    @rule()
+    def commit(self) -> None:
+        self.send(self.primary.commit_proposal())
+        self.committed += self.pending
+        self.pending = b""
+
+    @rule()
+    def rollback(self) -> None:
+        self.send(self.primary.rollback_proposal())
+        self.pending = b""
+
+    # A primary rolls only with nothing in flight (at an append's start, or in a sync).
+    @precondition(lambda self: not self.pending)
+    @rule(skip=st.integers(min_value=0, max_value=5))
+    def roll(self, skip: int) -> None:
+        at = self.primary.end + skip
+        self.send(self.primary.roll_proposal(offset=at))
+        if skip:
+            self.gaps.append((len(self.committed) + sum(e - b for b, e in self.gaps), at))
+        self.pending = b""
+
+    @rule(end=st.integers(min_value=0, max_value=300), data=st.binary(max_size=8))
+    def bogus_proposal(self, end: int, data: bytes) -> None:
+        frag = Fragment(journal=J, begin=self.replica.begin, end=max(end, self.replica.begin),
+                        sum=sha(data) if data else "0" * 40)
+        if frag.end > self.replica.end + self.replica.delta or frag.end == self.replica.end:
+            return  # that would be a legal roll (or a rollback), not a bogus proposal
+        if frag == self.replica.next() or frag == self.replica.fragment:
+            return
+        before = (self.replica.fragment, self.replica.delta)
+        resp = self.replica.apply_proposal(ReplicateProposal(proposal=frag))
+        assert resp.status == Status.PROPOSAL_MISMATCH
+        assert (self.replica.fragment, self.replica.delta) == before
+
+    @invariant()
+    def replicas_agree_and_content_is_committed_appends(self) -> None:
+        for spool, rec in ((self.primary, self.prec), (self.replica, self.rrec)):
+            frags = [f for f, _ in rec.closed] + [spool.fragment]
+            pieces = [d for _, d in rec.closed] + [spool.read_committed(spool.begin, 1 << 30)]
+            for f, d in zip(frags, pieces):
+                assert len(d) == f.end - f.begin
+                assert f.sum == (sha(d) if d else "0" * 40)
+            # Contiguous, increasing, never overlapping; gaps only where a roll skipped.
+            for a, b in zip(frags, frags[1:]):
+                assert a.end <= b.begin
+            assert b"".join(pieces) == self.committed
+        assert self.primary.fragment == self.replica.fragment
+        assert self.primary.registers == self.replica.registers
+
+
+TestSpoolMachine = SpoolMachine.TestCase
+TestSpoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
