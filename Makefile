@@ -1,0 +1,62 @@
+# quire developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.quire-installed
+
+# Debian package:binary pairs; a package is installed only if its binary is missing.
+SYSTEM_PACKAGES := etcd-server:etcd etcd-client:etcdctl redis-server:redis-server \
+                   openjdk-17-jre-headless:java
+
+# First python3.x >= 3.11 on PATH, unless given: make install PYTHON=/path/to/python3.12
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+            command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+            && { echo $$p; break; }; done)
+
+PYTEST_ARGS ?=
+
+.PHONY: install system-deps test run bench clean distclean
+
+install: system-deps $(STAMP)
+
+system-deps:
+	@missing=(); \
+	for pair in $(SYSTEM_PACKAGES); do \
+	  command -v "$${pair#*:}" >/dev/null 2>&1 || missing+=("$${pair%%:*}"); \
+	done; \
+	if (( $${#missing[@]} )); then \
+	  sudo=""; [[ $$(id -u) -eq 0 ]] || sudo=sudo; \
+	  echo "installing system packages: $${missing[*]}"; \
+	  $$sudo apt-get update -q; \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$${missing[@]}"; \
+	fi
+
+$(PY):
+	@if [[ -z "$(PYTHON)" ]]; then echo "error: python >= 3.11 not found; set PYTHON=..." >&2; exit 1; fi
+	$(PYTHON) -m venv $(VENV)
+
+# Re-runs only when pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# stdin from /dev/null and no cache dir: identical under CI=true, cron or a terminal.
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/ </dev/null
+
+run: install
+	$(PY) -m quire.services.demo </dev/null
+
+bench: install
+	$(VENV)/bin/quire bench --quick
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Also drops the virtualenv (PySpark alone is ~0.5 GB to reinstall).
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+"""quire: a Gazette-style journal broker."""
+
+__version__ = "0.1.0"

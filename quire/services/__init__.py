@@ -1,0 +1,40 @@
+"""Start and stop the real services quire depends on (etcd, redis-server, an
+S3 endpoint, Celery workers) on loopback, for tests and `quire up`."""
+
+from quire.services.celery_worker import CeleryWorkerService, celery_client
+from quire.services.etcd import EtcdService, prefix_range_end
+from quire.services.isolation import Bucket, RedisDb, RedisDbPool, etcd_prefix, fresh_bucket, slug
+from quire.services.process import (
+    Service,
+    ServiceError,
+    free_port,
+    kill_all,
+    live_services,
+    pid_alive,
+    wait_for,
+)
+from quire.services.redis_server import RedisService
+from quire.services.s3 import S3Service, empty_bucket
+
+__all__ = [
+    "Bucket",
+    "RedisDb",
+    "RedisDbPool",
+    "etcd_prefix",
+    "fresh_bucket",
+    "slug",
+    "CeleryWorkerService",
+    "EtcdService",
+    "RedisService",
+    "S3Service",
+    "Service",
+    "ServiceError",
+    "celery_client",
+    "empty_bucket",
+    "free_port",
+    "kill_all",
+    "live_services",
+    "pid_alive",
+    "prefix_range_end",
+    "wait_for",
+]

@@ -1,0 +1,76 @@
+"""A throwaway redis-server on loopback (Celery broker/backend, index cache)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import redis
+
+from quire.services.process import Service, ServiceError, free_port
+
+__all__ = ["RedisService"]
+
+
+class RedisService(Service):
+    """`redis-server` without persistence: tests and `quire up` treat Redis as
+    a cache and a queue, never as the source of truth (etcd and the store are)."""
+
+    ready_timeout = 15.0
+
+    def __init__(
+        self,
+        name: str = "redis",
+        *,
+        port: int | None = None,
+        databases: int = 16,
+        binary: str = "redis-server",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        self.port = port or free_port()
+        self.databases = databases
+        self.binary = binary
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def url_for(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    @property
+    def url(self) -> str:
+        return self.url_for(0)
+
+    def describe(self) -> str:
+        return self.url
+
+    def build_argv(self) -> list[str]:
+        exe = shutil.which(self.binary)
+        if exe is None:
+            raise ServiceError(
+                f"{self.binary!r} not found on PATH; install the Debian package redis-server"
+            )
+        return [
+            exe,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+            "--databases", str(self.databases),
+            # Foreground, logging to stdout (our log file).
+            "--daemonize", "no",
+            "--logfile", "",
+        ]  # fmt: skip
+
+    def client(self, db: int = 0, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db, **kwargs)
+
+    def probe(self) -> bool:
+        with self.client(socket_timeout=1.0, socket_connect_timeout=1.0) as r:
+            return bool(r.ping())
+
+    def client_env(self, db: int = 0) -> dict[str, str]:
+        return {"QUIRE_REDIS_URL": self.url_for(db)}

@@ -1,0 +1,1 @@
+"""Celery role: fragment persistence, index refresh and pulse tasks."""
