@@ -1,0 +1,243 @@
+"""Feeds the fragment index computed by the index workers into the coordinator.
+
+Theory of operation
+-------------------
+Index workers list the store, build the covering set of each journal, store it
+as JSON under `quire:index:<journal>` and `PUBLISH quire:index-updates <journal>`
+(docs/architecture.md, "Redis keys"). IndexWatch subscribes to that channel and,
+for every journal this coordinator hosts, loads the key and hands the fragments to
+`apply(journal, fragments)` — the coordinator wires that to the replica's
+`set_remote_index` (which merges it, drops local fragments covered by persisted
+ones and raises INDEX_HAS_GREATER_OFFSET from it) and to the persister's
+`mark_persisted`.
+
+Pub/sub is not durable: after every (re)subscription the watch reloads the keys of
+all hosted journals, so an update published while we were disconnected is never
+lost; a journal that becomes hosted later is loaded within a second. A Redis
+outage is survived with bounded exponential backoff; nothing here
+is on the append path, so while Redis is away the coordinator simply keeps the
+index it has (and its local fragments). `load(journal)` fetches one journal at
+once, e.g. when a replica is created.
+
+`quire_index_age_seconds{journal}` is the time since a worker last refreshed the
+index this coordinator holds for the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+
+from quire.logs import get_logger
+from quire.protocol import Fragment
+
+__all__ = ["IndexWatch", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "decode_index"]
+
+log = get_logger(__name__)
+
+INDEX_CHANNEL = "quire:index-updates"
+INDEX_KEY_PREFIX = "quire:index:"
+REFRESHED_KEY = "quire:index-refreshed"
+"""Hash journal -> unix time of the last successful refresh (written by the workers)."""
+
+_DECODER = msgspec.json.Decoder(tuple[Fragment, ...])
+
+Apply = Callable[[str, tuple[Fragment, ...]], "Awaitable[None] | None"]
+
+
+def decode_index(raw: bytes | str) -> tuple[Fragment, ...]:
+    return _DECODER.decode(raw)
+
+
+class IndexWatch:
+    """Subscribe to index updates and apply them for hosted journals.
+
+    apply(journal, fragments) -- called with the journal's full covering set (may be
+                                 a coroutine function); must not block for long.
+    journals()                -- the journal names this coordinator hosts now.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        apply: Apply,
+        journals: Callable[[], Iterable[str]],
+        io_timeout: float = 5.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        batch: int = 256,
+    ) -> None:
+        self.redis_url = redis_url
+        self._apply = apply
+        self._journals = journals
+        self.io_timeout = io_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.batch = batch
+        self._redis: aioredis.Redis | None = None
+        self.connected = asyncio.Event()
+        self.refreshed_at: dict[str, float] = {}
+        """journal -> unix time of the refresh of the index we last applied."""
+        self.applied: dict[str, int] = {}
+        """journal -> number of index updates applied (for tests and debugging)."""
+        self.reconnects = 0
+        _LIVE.add(self)
+
+    def _client(self) -> aioredis.Redis:
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(
+                self.redis_url,
+                socket_timeout=self.io_timeout,
+                socket_connect_timeout=self.io_timeout,
+                health_check_interval=max(1, int(self.io_timeout)),
+            )
+        return self._redis
+
+    async def run(self) -> None:
+        """Watch until cancelled; never raises on Redis errors."""
+        backoff = self.backoff_initial
+        try:
+            while True:
+                try:
+                    await self._session()
+                except asyncio.CancelledError:
+                    raise
+                except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                    if self.connected.is_set():
+                        log.warning("index watch lost Redis; retrying", error=str(exc))
+                    else:
+                        log.debug("index watch cannot reach Redis", error=str(exc), backoff=backoff)
+                if self.connected.is_set():
+                    backoff = self.backoff_initial  # it worked for a while: start over
+                self.connected.clear()
+                await self._reset()
+                self.reconnects += 1
+                await asyncio.sleep(backoff)
+                backoff = min(self.backoff_max, backoff * 2)
+        finally:
+            await self._reset()
+
+    async def _session(self) -> None:
+        client = self._client()
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await asyncio.wait_for(pubsub.subscribe(INDEX_CHANNEL), self.io_timeout)
+            # Subscribed first, then reload: anything published from now on is seen.
+            hosted = set(self._journals())
+            await self.load_all(hosted)
+            self.connected.set()
+            log.info("index watch subscribed", channel=INDEX_CHANNEL, journals=len(hosted))
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                # A replica created since the last look gets its index at once, not
+                # at the journal's next refresh.
+                now_hosted = set(self._journals())
+                if now_hosted - hosted:
+                    await self.load_all(now_hosted - hosted)
+                hosted = now_hosted
+                if msg is None or msg.get("type") != "message":
+                    continue
+                data = msg["data"]
+                journal = data.decode() if isinstance(data, bytes) else str(data)
+                if journal in hosted:
+                    await self.load([journal])
+        finally:
+            try:
+                await asyncio.wait_for(pubsub.aclose(), 1.0)
+            except Exception:  # noqa: BLE001 - the connection may already be gone
+                pass
+
+    async def load_all(self, journals: Iterable[str] | None = None) -> None:
+        names = sorted(set(self._journals() if journals is None else journals))
+        for i in range(0, len(names), self.batch):
+            await self.load(names[i:i + self.batch])
+
+    async def load(self, journals: Iterable[str]) -> int:
+        """Fetch and apply the indexes of `journals`; return how many were applied."""
+        names = list(journals)
+        if not names:
+            return 0
+        client = self._client()
+
+        async def fetch() -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.get(INDEX_KEY_PREFIX + name)
+                pipe.hmget(REFRESHED_KEY, names)
+                return await pipe.execute()
+
+        results = await asyncio.wait_for(fetch(), self.io_timeout * 2)
+        stamps = results[-1]
+        count = 0
+        for name, raw, stamp in zip(names, results[:-1], stamps):
+            if raw is None:
+                continue
+            try:
+                fragments = decode_index(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("ignoring a malformed fragment index", journal=name, error=str(exc))
+                continue
+            if stamp is not None:
+                try:
+                    self.refreshed_at[name] = float(stamp)
+                except ValueError:
+                    pass
+            result = self._apply(name, fragments)
+            if inspect.isawaitable(result):
+                await result
+            self.applied[name] = self.applied.get(name, 0) + 1
+            count += 1
+        return count
+
+    async def _reset(self) -> None:
+        client, self._redis = self._redis, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.aclose(), 1.0)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def index_age(self) -> dict[str, float]:
+        now = time.time()
+        hosted = set(self._journals())
+        return {j: max(0.0, now - t) for j, t in self.refreshed_at.items() if j in hosted}
+
+
+_LIVE: weakref.WeakSet[IndexWatch] = weakref.WeakSet()
+
+
+class _AgeCollector(Collector):
+    def collect(self) -> Iterator[Any]:
+        age = GaugeMetricFamily(
+            "quire_index_age_seconds",
+            "Seconds since the fragment index held by this coordinator was refreshed "
+            "from the store by a worker, per hosted journal.",
+            labels=["journal"])
+        up = GaugeMetricFamily(
+            "quire_index_watch_connected", "1 while the index watch is subscribed to Redis.")
+        ages: dict[str, float] = {}
+        connected = 1
+        for w in list(_LIVE):
+            for j, a in w.index_age().items():
+                ages[j] = min(a, ages.get(j, a))
+            connected = connected and w.connected.is_set()
+        for j, a in sorted(ages.items()):
+            age.add_metric([j], a)
+        up.add_metric([], 1 if connected else 0)
+        yield age
+        yield up
+
+
+REGISTRY.register(_AgeCollector())

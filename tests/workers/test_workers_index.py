@@ -1,0 +1,118 @@
+"""Index refresh and the beat sweep, with real worker and beat processes."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from fragment_store import CoverSet, open_store, persist_fragment, read_manifest
+from quire.protocol import Fragment
+from quire.services import S3Service, Service, wait_for
+
+from .workers_support import delete_key, put_journal, s3_url
+
+
+def s3_store(s3: S3Service, url: str):
+    return open_store(url, endpoint=s3.url, access_key=s3.access_key,
+                      secret_key=s3.secret_key, region=s3.region)
+
+
+def put_fragment(store, journal: str, begin: int, data: bytes, codec: str = "gzip") -> Fragment:
+    f = Fragment(journal=journal, begin=begin, end=begin + len(data),
+                 sum=hashlib.sha1(data).hexdigest(), codec=codec)
+    return persist_fragment(store, f, data)
+
+
+class Updates:
+    """Collects `quire:index-updates` messages on a real subscription."""
+
+    def __init__(self, client) -> None:
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe("quire:index-updates")
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msg = self.pubsub.get_message(timeout=0.2)
+            if msg and msg["type"] == "message":
+                self.seen.append(msg["data"].decode())
+
+    def count(self, journal: str) -> int:
+        return self.seen.count(journal)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.pubsub.close()
+
+
+@pytest.fixture
+def updates(redis_db):
+    u = Updates(redis_db.client)
+    yield u
+    u.close()
+
+
+def test_refresh_publishes_covering_set_and_manifest(
+        start_worker, client, etcd, etcd_root, s3, s3_bucket, redis_db, updates) -> None:
+    url = s3_url(s3_bucket, "p/")
+    store = s3_store(s3, url)
+    j = "acme/index-test"
+    a = put_fragment(store, j, 0, b"a" * 100)
+    put_fragment(store, j, 0, b"a" * 40)  # covered by a
+    c = put_fragment(store, j, 100, b"c" * 50)
+    put_journal(etcd, etcd_root, j, stores=(url,))
+    start_worker(queues=("index",))
+
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    wait_for(lambda: updates.count(j) >= 1, timeout=30, what="an index update")
+
+    raw = redis_db.client.get(f"quire:index:{j}")
+    cover = CoverSet.from_json(raw, j)
+    assert [(f.begin, f.end, f.sum) for f in cover] == [(0, 100, a.sum), (100, 150, c.sum)]
+    assert all(f.backing_store == url and f.mod_time > 0 for f in cover)
+    assert float(redis_db.client.hget("quire:index-refreshed", j)) > time.time() - 60
+    manifest = read_manifest(store, j)
+    assert manifest.fragments == tuple(cover) and manifest.end_offset == 150
+
+
+def test_refresh_of_a_deleted_journal_removes_its_index(
+        start_worker, client, etcd, etcd_root, file_store, redis_db, updates) -> None:
+    j = "acme/deleted"
+    put_journal(etcd, etcd_root, j, stores=(file_store,))
+    put_fragment(open_store(file_store), j, 0, b"x" * 10)
+    start_worker(queues=("index",))
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    wait_for(lambda: redis_db.client.exists(f"quire:index:{j}"), timeout=30, what="the index")
+
+    delete_key(etcd, f"{etcd_root}/journals/{j}")
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    wait_for(lambda: updates.count(j) >= 2, timeout=30, what="the removal to be published")
+    assert not redis_db.client.exists(f"quire:index:{j}")
+
+
+def test_beat_sweep_honors_each_journal_refresh_interval(
+        start_worker, env, etcd, etcd_root, file_store, redis_db, updates, tmp_path) -> None:
+    fast, slow = "acme/fast-refresh", "acme/slow-refresh"
+    put_journal(etcd, etcd_root, fast, stores=(file_store,), refresh=1.0)
+    put_journal(etcd, etcd_root, slow, stores=(file_store,), refresh=3600.0)
+    beat_env = {**env, "QUIRE_WORKER_INDEX_SWEEP_INTERVAL": "0.5"}
+    start_worker(queues=("index",), QUIRE_WORKER_INDEX_SWEEP_INTERVAL="0.5")
+    beat = Service(f"beat-{uuid.uuid4().hex[:6]}", [
+        sys.executable, "-m", "celery", "-A", "workers.app", "beat",
+        "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"], env=beat_env)
+    beat.start()
+    try:
+        wait_for(lambda: updates.count(fast) >= 4, timeout=30, what="repeated refreshes of the fast journal")
+    finally:
+        beat.close()
+    # One beat entry serves both journals; the slow one was refreshed once, at first sight.
+    assert updates.count(slow) == 1

@@ -1,0 +1,65 @@
+"""Settings of the workers role that are not shared with other processes.
+
+The shared ones (Redis, etcd, store credentials) come from `quire.config`. These
+are tuning knobs read from `QUIRE_WORKER_*` environment variables, validated once
+with errors that name the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from quire.config import ConfigError
+
+__all__ = ["WorkerSettings", "load_worker_settings"]
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    visibility_timeout: float = 1800.0
+    """Seconds before Redis redelivers an unacknowledged task (a worker died holding it).
+    Must exceed the longest persist; tests lower it to see redelivery quickly."""
+    index_sweep_interval: float = 5.0
+    """How often beat runs `workers.index.sweep`; each journal is refreshed when its
+    own `fragment.refresh_interval` has elapsed, so this only bounds the jitter."""
+    pulse_interval: float = 60.0
+    """How often beat runs `workers.pulse.sweep` (a zero-byte append per journal)."""
+    io_timeout: float = 30.0
+    """Socket timeout for replica fetches, etcd calls, Redis and store requests."""
+    persist_time_limit: float = 600.0
+    """Hard limit of one persist task (prefork pool); the soft limit is 90% of it."""
+    persist_read_rate: int = 0
+    """Bytes/s cap on reading a fragment from a replica (0 = unlimited), to keep
+    persistence from starving appends of disk and network."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics on this port in the worker's main process (0 = off)."""
+
+
+_FIELDS = {
+    "visibility_timeout": ("QUIRE_WORKER_VISIBILITY_TIMEOUT", float, 1.0),
+    "index_sweep_interval": ("QUIRE_WORKER_INDEX_SWEEP_INTERVAL", float, 0.1),
+    "pulse_interval": ("QUIRE_WORKER_PULSE_INTERVAL", float, 0.1),
+    "io_timeout": ("QUIRE_WORKER_IO_TIMEOUT", float, 0.1),
+    "persist_time_limit": ("QUIRE_WORKER_PERSIST_TIME_LIMIT", float, 1.0),
+    "persist_read_rate": ("QUIRE_WORKER_PERSIST_READ_RATE", int, 0),
+    "metrics_port": ("QUIRE_WORKER_METRICS_PORT", int, 0),
+}
+
+
+def load_worker_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
+    env = os.environ if env is None else env
+    values: dict[str, float | int] = {}
+    for field, (var, kind, minimum) in _FIELDS.items():
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{var}: expected a number, got {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{var}: expected a number >= {minimum}, got {raw!r}")
+        values[field] = value
+    return WorkerSettings(**values)  # type: ignore[arg-type]

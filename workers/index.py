@@ -1,0 +1,147 @@
+"""Index refresh: list the store, publish the covering set (queue `index`).
+
+`refresh_journal(journal)`:
+
+1. read the journal's spec from etcd (a deleted journal: its Redis index is removed
+   and an update published, so coordinators forget it);
+2. list every store of the spec — the store is authoritative; any store error fails
+   the refresh, which is retried (a partial listing would hide fragments);
+3. build the covering set (fragment_store.index.CoverSet);
+4. write the manifest `.quire/index/<journal>/manifest.json` into stores[0] for
+   batch readers, unless it already holds the same covering set;
+5. in one Redis transaction: `SET quire:index:<journal>` (JSON list of Fragment),
+   `HSET quire:index-refreshed <journal> <unix time>` and
+   `PUBLISH quire:index-updates <journal>`; coordinators (coordinator/index_watch.py)
+   merge it, drop local fragments it covers and check INDEX_HAS_GREATER_OFFSET.
+
+`sweep()` (beat, every `QUIRE_WORKER_INDEX_SWEEP_INTERVAL`): reads all specs once
+and enqueues `refresh_journal` for each journal whose own
+`fragment.refresh_interval` has passed since its last refresh or enqueue (hash
+`quire:index-enqueued`), so beat's schedule stays a fixed handful of entries
+however many journals exist.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fragment_store import (
+    CoverSet,
+    FragmentNotFound,
+    StoreUnavailable,
+    list_fragments,
+    read_manifest,
+    write_manifest,
+)
+from quire.logs import bind, get_logger
+from quire.protocol import Fragment
+from workers import common, metrics
+from workers.app import app
+from workers.errors import RETRIABLE
+from workers.topology import read_topology_sync
+
+__all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY",
+           "publish_index", "refresh", "refresh_journal", "sweep"]
+
+log = get_logger(__name__)
+
+INDEX_CHANNEL = "quire:index-updates"
+INDEX_KEY_PREFIX = "quire:index:"
+REFRESHED_KEY = "quire:index-refreshed"
+ENQUEUED_KEY = "quire:index-enqueued"
+
+_RETRY_ON = (*RETRIABLE, StoreUnavailable)
+
+
+def publish_index(journal: str, cover: CoverSet | None, now: float | None = None) -> None:
+    """Store and announce a journal's index; `None` removes it (journal deleted)."""
+    now = time.time() if now is None else now
+    pipe = common.redis_client().pipeline(transaction=True)
+    if cover is None:
+        pipe.delete(INDEX_KEY_PREFIX + journal)
+        pipe.hdel(REFRESHED_KEY, journal)
+        pipe.hdel(ENQUEUED_KEY, journal)
+    else:
+        pipe.set(INDEX_KEY_PREFIX + journal, cover.to_json())
+        pipe.hset(REFRESHED_KEY, journal, f"{now:.3f}")
+    pipe.publish(INDEX_CHANNEL, journal)
+    pipe.execute()
+
+
+def _write_manifest(store_url: str, journal: str, cover: CoverSet) -> bool:
+    st = common.store(store_url)
+    try:
+        if read_manifest(st, journal).fragments == tuple(cover):
+            return False
+    except FragmentNotFound:
+        pass
+    except Exception as exc:  # noqa: BLE001 - a corrupt manifest is simply rewritten
+        log.warning("rewriting an unreadable manifest", error=str(exc))
+    write_manifest(st, journal, cover)
+    return True
+
+
+def refresh(journal: str) -> dict[str, Any]:
+    """The task body, callable without Celery."""
+    ws = common.worker_settings()
+    s = common.settings()
+    started = time.monotonic()
+    topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout, journal=journal)
+    jt = topo.journals.get(journal)
+    if jt is None:
+        publish_index(journal, None)
+        log.info("journal has no spec; its index was removed")
+        return {"journal": journal, "fragments": 0, "deleted": True}
+    stores = jt.spec.fragment.stores
+    listed: list[Fragment] = []
+    for url in stores:
+        listed.extend(list_fragments(common.store(url), journal))
+    cover = CoverSet(listed)
+    # Manifest first: once coordinators hear of an index, batch readers see it too.
+    wrote = _write_manifest(stores[0], journal, cover) if stores else False
+    publish_index(journal, cover)
+    metrics.INDEX_REFRESH_SECONDS.observe(time.monotonic() - started)
+    log.info("index refreshed", fragments=len(cover), end_offset=cover.end_offset,
+             manifest_written=wrote)
+    return {"journal": journal, "fragments": len(cover), "end_offset": cover.end_offset}
+
+
+@app.task(name="workers.index.refresh_journal", bind=True, ignore_result=True,
+          autoretry_for=_RETRY_ON, retry_backoff=True, retry_backoff_max=60,
+          retry_jitter=True, max_retries=5)
+def refresh_journal(self: Any, journal: str) -> dict[str, Any]:
+    with bind(journal=journal, task_id=self.request.id):
+        return refresh(journal)
+
+
+@app.task(name="workers.index.sweep", bind=True, ignore_result=True,
+          autoretry_for=RETRIABLE, retry_backoff=True, retry_backoff_max=30,
+          retry_jitter=True, max_retries=2)
+def sweep(self: Any) -> int:
+    ws = common.worker_settings()
+    s = common.settings()
+    with common.sweep_lock("index", ttl=max(5.0, ws.index_sweep_interval)) as held:
+        if not held:
+            log.info("another index sweep is running; skipping")
+            return 0
+        topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
+        r = common.redis_client()
+        refreshed = {k.decode(): float(v) for k, v in r.hgetall(REFRESHED_KEY).items()}
+        enqueued = {k.decode(): float(v) for k, v in r.hgetall(ENQUEUED_KEY).items()}
+        now = time.time()
+        due: list[tuple[str, float]] = []
+        for name, jt in sorted(topo.journals.items()):
+            interval = jt.spec.fragment.refresh_interval
+            last = max(refreshed.get(name, 0.0), enqueued.get(name, 0.0))
+            if now - last >= interval:
+                due.append((name, interval))
+        for name, interval in due:
+            refresh_journal.apply_async(args=[name], expires=max(interval, ws.index_sweep_interval))
+        if due:
+            r.hset(ENQUEUED_KEY, mapping={name: f"{now:.3f}" for name, _ in due})
+        gone = (set(refreshed) | set(enqueued)) - set(topo.journals)
+        for name in sorted(gone):
+            publish_index(name, None)
+        log.info("index sweep", journals=len(topo.journals), enqueued=len(due), removed=len(gone))
+        return len(due)

@@ -1,0 +1,130 @@
+"""Read-only view of the etcd topology the workers need.
+
+Workers never import `coordinator/`: they read the three prefixes they care about
+(`journals/`, `members/`, `assign/`) straight from etcd with aetcd, one snapshot
+per call, with a timeout on every request. Values are JSON (msgspec), as written
+by the topology role (docs/architecture.md, "etcd keys").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import aetcd
+import msgspec
+
+from quire.logs import get_logger
+from quire.protocol import JournalSpec
+from workers.errors import TopologyUnavailable
+
+__all__ = ["Topology", "JournalTopology", "read_topology", "read_journal"]
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+_SPEC = msgspec.json.Decoder(JournalSpec)
+
+
+class _Member(msgspec.Struct, kw_only=True):
+    endpoint: str = ""
+
+
+_MEMBER = msgspec.json.Decoder(_Member)
+
+
+class JournalTopology(msgspec.Struct, frozen=True, kw_only=True):
+    spec: JournalSpec
+    endpoints: tuple[str, ...] = ()
+    """Endpoints of the journal's assigned members, the primary (slot 0) first."""
+
+    @property
+    def primary_endpoint(self) -> str | None:
+        return self.endpoints[0] if self.endpoints else None
+
+
+class Topology(msgspec.Struct, frozen=True, kw_only=True):
+    journals: dict[str, JournalTopology] = {}
+
+
+def _parse_assign_key(rest: str) -> tuple[str, str, int] | None:
+    """`<journal>#<zone>#<suffix>#<slot>` -> (journal, "zone#suffix", slot)."""
+    parts = rest.rsplit("#", 3)
+    if len(parts) != 4 or not parts[3].isdigit():
+        return None
+    return parts[0], f"{parts[1]}#{parts[2]}", int(parts[3])
+
+
+async def _with_client(etcd_url: str, timeout: float, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+    u = urlsplit(etcd_url)
+    client = aetcd.Client(host=u.hostname or "127.0.0.1", port=u.port or 2379,
+                          timeout=max(1, int(timeout)), connect_wait_timeout=max(1, int(timeout)))
+    try:
+        return await asyncio.wait_for(fn(client), timeout)
+    except (asyncio.TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
+        raise TopologyUnavailable(f"etcd at {etcd_url}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        try:
+            await asyncio.wait_for(client.close(), 2.0)
+        except Exception:  # noqa: BLE001 - closing a broken channel
+            pass
+
+
+async def _prefix(client: aetcd.Client, prefix: str) -> list[tuple[str, bytes]]:
+    result = await client.get_prefix(prefix.encode())
+    return [(kv.key.decode()[len(prefix):], kv.value) for kv in result]
+
+
+async def read_topology(etcd_url: str, root: str, *, timeout: float = 10.0,
+                        journal: str | None = None) -> Topology:
+    """Specs of every journal (or just `journal`), with member endpoints attached."""
+
+    async def run(client: aetcd.Client) -> Topology:
+        jprefix = f"{root}/journals/" + (journal or "")
+        aprefix = f"{root}/assign/" + (f"{journal}#" if journal else "")
+        specs, members, assigns = await asyncio.gather(
+            _prefix(client, jprefix), _prefix(client, f"{root}/members/"), _prefix(client, aprefix))
+        endpoint_of: dict[str, str] = {}
+        for key, raw in members:
+            try:
+                endpoint_of[key] = _MEMBER.decode(raw).endpoint
+            except msgspec.DecodeError:
+                log.warning("skipping a malformed member", key=key)
+        slots: dict[str, list[tuple[int, str]]] = {}
+        for key, _ in assigns:
+            parsed = _parse_assign_key(f"{journal}#{key}" if journal else key)
+            if parsed is None:
+                continue
+            name, member, slot = parsed
+            ep = endpoint_of.get(member)
+            if ep:
+                slots.setdefault(name, []).append((slot, ep))
+        out: dict[str, JournalTopology] = {}
+        for key, raw in specs:
+            name = (journal or "") + key
+            if journal and key:
+                continue  # a longer name sharing our prefix
+            try:
+                spec = _SPEC.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("skipping a malformed journal spec", journal=name, error=str(exc))
+                continue
+            eps = tuple(dict.fromkeys(ep for _, ep in sorted(slots.get(spec.name, ()))))
+            out[spec.name] = JournalTopology(spec=spec, endpoints=eps)
+        return Topology(journals=out)
+
+    return await _with_client(etcd_url, timeout, run)
+
+
+async def read_journal(etcd_url: str, root: str, journal: str, *,
+                       timeout: float = 10.0) -> JournalTopology | None:
+    topo = await read_topology(etcd_url, root, timeout=timeout, journal=journal)
+    return topo.journals.get(journal)
+
+
+def read_topology_sync(etcd_url: str, root: str, *, timeout: float = 10.0,
+                       journal: str | None = None) -> Topology:
+    """For Celery tasks (sync code): one event loop per call."""
+    return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal))
