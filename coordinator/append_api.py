@@ -32,6 +32,20 @@ log = get_logger(__name__)
 
 PROXY_TIMEOUT = 30.0
 
+_COUNTERS: dict[str, object] = {}
+
+_in_flight = 0
+# Read at scrape time: a plain int on the hot path instead of a locked inc()/dec().
+metrics.APPENDS_IN_FLIGHT.set_function(lambda: _in_flight)
+
+
+def _appends_counter(status: str):  # noqa: ANN202
+    """metrics.APPENDS.labels(status), looked up once per status (labels() takes a lock)."""
+    c = _COUNTERS.get(status)
+    if c is None:
+        c = _COUNTERS[status] = metrics.APPENDS.labels(status)
+    return c
+
 
 class ClientSource:
     """Chunks from the client, policed for a minimum flow rate."""
@@ -44,7 +58,17 @@ class ClientSource:
         """The client's terminator (commit or abort) was read: the connection is in step."""
 
     async def read_frame(self):  # noqa: ANN201
+        try:
+            frame = self.conn.read_buffered()  # already here: no timer needed
+        except ProtocolError as exc:
+            raise AppendAborted(f"client disconnected: {exc}") from None
         now = time.monotonic()
+        if frame is not None:
+            if self.policer is None:
+                self.policer = MinRatePolicer(self.min_rate, now)
+            if self.policer.deadline(now) <= now:
+                raise AppendAborted("too slow: below the minimum append rate")
+            return frame
         if self.policer is None:
             # Policing starts when the append is ready for content, not at the request:
             # time spent queued behind other appends is not the client's fault.
@@ -83,8 +107,9 @@ class ClientSource:
 async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
                        min_rate: float) -> bool:
     """Serve one append; True if the connection may carry another RPC."""
+    global _in_flight
     started = time.monotonic()
-    metrics.APPENDS_IN_FLIGHT.inc()
+    _in_flight += 1
     source = ClientSource(conn, min_rate)
     try:
         fsm = AppendFSM(broker, req, source)
@@ -100,7 +125,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
             registers=fsm.registers,
             total_chunks=fsm.total_chunks, delayed_chunks=fsm.delayed_chunks,
             message="" if ok else fsm.message)
-        metrics.APPENDS.labels(resp.status.name).inc()
+        _appends_counter(resp.status.name).inc()
         if ok:
             metrics.APPEND_LATENCY.observe(time.monotonic() - started)
         elif fsm.status != Status.ABORTED:
@@ -109,7 +134,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
         await conn.send(resp)
         return source.done
     finally:
-        metrics.APPENDS_IN_FLIGHT.dec()
+        _in_flight -= 1
 
 
 async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource) -> bool:  # noqa: ANN001

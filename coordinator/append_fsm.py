@@ -4,7 +4,10 @@
 the pure decisions live). `AppendFSM` is the thin asyncio adapter: one `_on_<state>`
 coroutine per state performs the IO of that state and asks a pure decision for the next
 state; `run_to()` loops until a terminal state (FINISHED, ERROR or PROXY) and checks
-every transition against the table.
+every transition against the table. The seed's common case (a synchronized pipeline
+whose route is the resolution's) walks the same states, but each no-op state is a plain
+`_fast_<state>` call (no coroutine), and RESOLVE reuses the replica's last resolution
+while the keyspace revision has not moved.
 
 Ownership (seed, "Components"): ACQUIRE_PIPELINE takes `replica.pipeline_lock` (the
 send side); START_PIPELINE builds a pipeline, which takes `replica.spool_lock` for its
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from typing import Any, Protocol
 
 from quire.logs import get_logger
@@ -30,6 +32,7 @@ from .append_rules import (
     TRANSITIONS,
     Decision,
     State,
+    go,
     decide_acquired,
     decide_assignments,
     decide_replicas,
@@ -41,7 +44,7 @@ from .append_rules import (
     validate_preconditions,
 )
 from .pipeline import Pipeline, PipelineBroken
-from .replica import Replica
+from .replica import Replica, acquire_within
 
 __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"]
 
@@ -99,16 +102,25 @@ class AppendFSM:
         self._ticket: tuple[asyncio.Future[None], asyncio.Future[None]] | None = None
         self._aborted: AppendAborted | None = None
         self._resolves = 0
-        self._log = log.bind(journal=req.journal)
+
+    @property
+    def _log(self):  # noqa: ANN202 - bound lazily: off the hot path
+        return log.bind(journal=self.req.journal)
 
     # -- the loop ---------------------------------------------------------------------
 
     async def run_to(self, *targets: State) -> State:
-        stop = set(targets) | TERMINAL
+        stop = TERMINAL.union(targets)
+        handlers, fast = _HANDLERS, _FAST
         try:
             while self.state not in stop:
-                handler = getattr(self, "_on_" + self.state.name.lower())
-                await handler()
+                # The common case of a state (a synchronized pipeline whose route matches
+                # the resolution) is decided without a coroutine; anything else, or any
+                # state that has to wait, goes through its `_on_<state>` handler.
+                quick = fast.get(self.state)
+                if quick is not None and quick(self):
+                    continue
+                await handlers[self.state](self)
         finally:
             if self.owns_pipeline:
                 self._abandon()
@@ -129,7 +141,7 @@ class AppendFSM:
         return await self.run_to(*TERMINAL)
 
     def _go(self, decision: Decision | State) -> None:
-        d = decision if isinstance(decision, Decision) else Decision(decision)
+        d = decision if isinstance(decision, Decision) else go(decision)
         if d.state not in TRANSITIONS[self.state]:
             raise AssertionError(f"illegal transition {self.state.name} -> {d.state.name}")
         if d.state is State.ERROR:
@@ -148,15 +160,80 @@ class AppendFSM:
             return self._fail(Status.UNAVAILABLE, "the route did not settle")
         hdr = self.req.header
         min_rev = max(self.req.min_etcd_revision, hdr.etcd.revision if hdr else 0, self.read_through)
-        self.res = res = await self.broker.resolve(self.req.journal, min_rev)
+        res = self._cached_resolution(min_rev)
+        if res is None:
+            res = await self.broker.resolve(self.req.journal, min_rev)
+        self.res = res
         d = decide_resolve(res.status, res.is_primary, self.owns_pipeline)
         if d.state is State.ERROR:
             d = Decision(State.ERROR, res.status, getattr(res, "message", "") or d.message)
         if d.state is State.AWAIT_DESIRED_REPLICAS and self.owns_pipeline:
             await self._release_pipeline()  # no longer primary: let the pipeline go
         if res.status == Status.OK and res.is_primary:
-            self.replica = self.broker.replica(self.req.journal)
+            self.replica = replica = self.broker.replica(self.req.journal)
+            replica.resolution = res
         self._go(d)
+
+    # -- synchronous common cases (each returns False to defer to its handler) -----------
+
+    def _fast_resolve(self) -> bool:
+        if self._resolves >= MAX_RESOLVES:
+            return False
+        hdr = self.req.header
+        min_rev = max(self.req.min_etcd_revision, hdr.etcd.revision if hdr else 0, self.read_through)
+        res = self._cached_resolution(min_rev)
+        if res is None:
+            return False
+        # A cached resolution is an OK one with us as primary (see _on_resolve).
+        self._resolves += 1
+        self.res = res
+        self.replica = self.broker.replicas[self.req.journal]
+        self._go(decide_resolve(res.status, res.is_primary, self.owns_pipeline))
+        return True
+
+    def _fast_start_pipeline(self) -> bool:
+        pln = self.replica.pipeline  # type: ignore[union-attr]
+        if pln is None or pln.broken is not None or not pln.synced:
+            return False
+        d = decide_start(pln.route, True, self.res.route, True)
+        if d.state is not State.UPDATE_ASSIGNMENTS:
+            return False
+        self.pipeline = pln
+        self._go(d)
+        return True
+
+    def _fast_update_assignments(self) -> bool:
+        d = decide_assignments([a.value for a in self.res.assignments], self.res.route)
+        if d.state is State.RESOLVE:
+            return False  # the route must be advertised first
+        self._go(d)
+        return True
+
+    def _fast_await_desired_replicas(self) -> bool:
+        res = self.res
+        d = decide_replicas(len(res.route.members), res.spec.desired_replication(), res.is_primary,
+                            res.route.primary >= 0, self.req.do_not_proxy)
+        if d.state is State.RESOLVE:
+            return False  # wait for the allocator's next change
+        self._go(d)
+        return True
+
+    def _fast_validate_preconditions(self) -> bool:
+        replica = self.replica
+        assert replica is not None
+        d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
+                                   replica.spool.end, replica.index_end)
+        if d.status == Status.REGISTER_MISMATCH:
+            self.registers = replica.spool.registers
+        if d.state is State.SEND_PIPELINE_SYNC:
+            self.roll_to = d.roll_to
+        self._go(d)
+        return True
+
+    def _cached_resolution(self, min_rev: int):  # noqa: ANN202
+        replicas = getattr(self.broker, "replicas", None)
+        replica = replicas.get(self.req.journal) if replicas is not None else None
+        return replica.cached_resolution(self.broker.keyspace.revision, min_rev) if replica else None
 
     def _route_valid(self) -> bool:
         ks = self.broker.keyspace
@@ -164,9 +241,7 @@ class AppendFSM:
 
     async def _on_acquire_pipeline(self) -> None:
         assert self.replica is not None
-        try:
-            await asyncio.wait_for(self.replica.pipeline_lock.acquire(), LOCK_TIMEOUT)
-        except asyncio.TimeoutError:
+        if not await acquire_within(self.replica.pipeline_lock, LOCK_TIMEOUT):
             return self._fail(Status.UNAVAILABLE, "timed out waiting for the pipeline")
         self.owns_pipeline = True
         self._go(decide_acquired(self._route_valid()))
@@ -174,12 +249,10 @@ class AppendFSM:
     async def _on_start_pipeline(self) -> None:
         replica = self.replica
         assert replica is not None
+        if self._fast_start_pipeline():
+            return
         pln = replica.pipeline
-        d = decide_start(pln.route if pln else None, bool(pln and pln.broken is None and pln.synced),
-                         self.res.route, True)
-        if d.state is State.UPDATE_ASSIGNMENTS:
-            self.pipeline = pln
-            return self._go(d)
+        d = decide_start(None, False, self.res.route, True)  # rebuild and sync
         if pln is not None:
             await self.broker.teardown_pipeline(replica)
         try:
@@ -236,36 +309,26 @@ class AppendFSM:
         self._go(d)
 
     async def _on_update_assignments(self) -> None:
-        values = [a.value for a in self.res.assignments]
-        d = decide_assignments(values, self.res.route)
-        if d.state is State.RESOLVE:
-            try:
-                rev = await self.broker.advertise_route(self.req.journal, self.res.route)
-            except QuireError as exc:
-                # Assignments moved under us: re-resolve and decide again.
-                self._log.info("advertising the route failed; re-resolving", error=str(exc))
-                rev = self.broker.keyspace.revision + 1
-            self.read_through = max(self.read_through, rev)
-        self._go(d)
+        if self._fast_update_assignments():
+            return
+        try:  # decide_assignments said RESOLVE: advertise the route first
+            rev = await self.broker.advertise_route(self.req.journal, self.res.route)
+        except QuireError as exc:
+            # Assignments moved under us: re-resolve and decide again.
+            self._log.info("advertising the route failed; re-resolving", error=str(exc))
+            rev = self.broker.keyspace.revision + 1
+        self.read_through = max(self.read_through, rev)
+        self._go(State.RESOLVE)
 
     async def _on_await_desired_replicas(self) -> None:
-        res = self.res
-        d = decide_replicas(len(res.route.members), res.spec.desired_replication(), res.is_primary,
-                            res.route.primary >= 0, self.req.do_not_proxy)
-        if d.state is State.RESOLVE:
-            await self.broker.keyspace.wait_changed(res.header.etcd.revision, LOCK_TIMEOUT)
-        self._go(d)
+        if self._fast_await_desired_replicas():
+            return
+        # decide_replicas said RESOLVE: the allocator is about to remove a member.
+        await self.broker.keyspace.wait_changed(self.res.header.etcd.revision, LOCK_TIMEOUT)
+        self._go(State.RESOLVE)
 
     async def _on_validate_preconditions(self) -> None:
-        replica = self.replica
-        assert replica is not None
-        d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
-                                   replica.spool.end, replica.index_end)
-        if d.status == Status.REGISTER_MISMATCH:
-            self.registers = replica.spool.registers
-        if d.state is State.SEND_PIPELINE_SYNC:
-            self.roll_to = d.roll_to
-        self._go(d)
+        self._fast_validate_preconditions()
 
     async def _on_stream_content(self) -> None:
         pln, replica, spec = self.pipeline, self.replica, self.res.spec
@@ -359,5 +422,7 @@ class AppendFSM:
     _on_proxy = _on_finished = _on_error
 
 
-def monotonic() -> float:
-    return time.monotonic()
+_HANDLERS = {state: getattr(AppendFSM, "_on_" + state.name.lower()) for state in State}
+_FAST = {state: getattr(AppendFSM, "_fast_" + state.name.lower()) for state in State
+         if hasattr(AppendFSM, "_fast_" + state.name.lower())}
+

@@ -40,6 +40,10 @@ class State(enum.Enum):
     PROXY = "stateProxy"
     FINISHED = "stateFinished"
 
+    # Members are singletons compared by identity: hash them by identity too, in C,
+    # instead of Enum's Python-level hash(name) (dozens of lookups per append).
+    __hash__ = object.__hash__
+
 
 S = State
 TERMINAL = frozenset({S.ERROR, S.PROXY, S.FINISHED})
@@ -73,29 +77,37 @@ class Decision:
     read_through: int = 0
 
 
+_PLAIN = {s: Decision(s) for s in State}
+"""Shared, immutable decisions that carry nothing but the next state (the hot path)."""
+
+
+def go(state: State) -> Decision:
+    return _PLAIN[state]
+
+
 def decide_resolve(status: Status, is_primary: bool, owns_pipeline: bool) -> Decision:
     if status != Status.OK:
         return Decision(S.ERROR, status, "resolution failed")
     if not is_primary:
-        return Decision(S.AWAIT_DESIRED_REPLICAS)
+        return _PLAIN[S.AWAIT_DESIRED_REPLICAS]
     if owns_pipeline:
-        return Decision(S.START_PIPELINE)
-    return Decision(S.ACQUIRE_PIPELINE)
+        return _PLAIN[S.START_PIPELINE]
+    return _PLAIN[S.ACQUIRE_PIPELINE]
 
 
 def decide_acquired(route_still_valid: bool) -> Decision:
-    return Decision(S.START_PIPELINE if route_still_valid else S.RESOLVE)
+    return _PLAIN[S.START_PIPELINE if route_still_valid else S.RESOLVE]
 
 
 def decide_start(pipeline_route: Route | None, pipeline_ok: bool, resolved: Route,
                  route_still_valid: bool = True) -> Decision:
     """Reuse a healthy pipeline of an equivalent route; otherwise (re)build and sync."""
     if not route_still_valid:
-        return Decision(S.RESOLVE)
+        return _PLAIN[S.RESOLVE]
     if pipeline_route is not None and pipeline_ok and pipeline_route.equivalent(resolved) \
             and pipeline_route.endpoints == resolved.endpoints:
-        return Decision(S.UPDATE_ASSIGNMENTS)
-    return Decision(S.SEND_PIPELINE_SYNC)
+        return _PLAIN[S.UPDATE_ASSIGNMENTS]
+    return _PLAIN[S.SEND_PIPELINE_SYNC]
 
 
 def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
@@ -134,21 +146,21 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
         return Decision(S.RESOLVE, read_through=read_through)
     if roll_to is not None:
         return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers)
-    return Decision(S.UPDATE_ASSIGNMENTS)
+    return _PLAIN[S.UPDATE_ASSIGNMENTS]
 
 
 def decide_assignments(values: Sequence[Route | None], route: Route) -> Decision:
     """RESOLVE after advertising the route when any assignment value differs."""
-    target = route.without_endpoints()
-    if all(v is not None and v.without_endpoints() == target for v in values):
-        return Decision(S.AWAIT_DESIRED_REPLICAS)
-    return Decision(S.RESOLVE)
+    # Same as comparing without endpoints (a Route is members, primary and endpoints).
+    if all(v is not None and v.equivalent(route) for v in values):
+        return _PLAIN[S.AWAIT_DESIRED_REPLICAS]
+    return _PLAIN[S.RESOLVE]
 
 
 def decide_replicas(members: int, desired: int, is_primary: bool, has_primary: bool,
                     do_not_proxy: bool) -> Decision:
     if members > desired and desired > 0:
-        return Decision(S.RESOLVE)  # at the next revision: the allocator is removing some
+        return _PLAIN[S.RESOLVE]  # at the next revision: the allocator is removing some
     if members == 0 or members < desired:
         return Decision(S.ERROR, Status.INSUFFICIENT_JOURNAL_BROKERS,
                         f"route has {members} of {desired} desired replicas")
@@ -157,8 +169,8 @@ def decide_replicas(members: int, desired: int, is_primary: bool, has_primary: b
             return Decision(S.ERROR, Status.NO_JOURNAL_PRIMARY_BROKER, "route has no primary")
         if do_not_proxy:
             return Decision(S.ERROR, Status.NOT_JOURNAL_PRIMARY_BROKER, "not the primary")
-        return Decision(S.PROXY)
-    return Decision(S.VALIDATE_PRECONDITIONS)
+        return _PLAIN[S.PROXY]
+    return _PLAIN[S.VALIDATE_PRECONDITIONS]
 
 
 def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: LabelSet,
@@ -181,7 +193,7 @@ def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: Lab
                         f"requested offset {req.offset}, write head is {head}")
     if req.offset != 0 and req.offset != spool_end:
         return Decision(S.SEND_PIPELINE_SYNC, roll_to=req.offset)  # reset-head
-    return Decision(S.STREAM_CONTENT)
+    return _PLAIN[S.STREAM_CONTENT]
 
 
 def next_registers(current: LabelSet, req: AppendRequest) -> LabelSet:

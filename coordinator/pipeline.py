@@ -32,6 +32,7 @@ from quire.protocol import (
 )
 from quire.protocol.errors import ProtocolError, QuireError
 from quire.protocol.stream import FrameStream
+from quire.protocol.wire import encode_frame
 
 from . import metrics
 from .replica import Replica
@@ -54,6 +55,7 @@ class Pipeline:
         self.header = header
         self.me = me
         self.peers = list(peers)
+        self._streams = [s for _, s in self.peers]
         self.broken: BaseException | None = None
         self.synced = False
         loop = asyncio.get_running_loop()
@@ -110,27 +112,27 @@ class Pipeline:
         if first:
             prop = ReplicateProposal(proposal=prop.proposal, registers=prop.registers,
                                      acknowledge=prop.acknowledge, header=self.header)
-        try:
-            for _, s in self.peers:
-                s.write(prop)
-        except Exception as exc:  # noqa: BLE001 - any write error breaks the pipeline
-            raise self._fail(exc) from exc
+        self._send(encode_frame(prop))
         return local
 
     def send_content(self, data: bytes | memoryview) -> None:
         self._check()
         delta = self.spool.delta
         self.spool.apply_content(delta, data)
-        msg = ReplicateContent(content_delta=delta)
+        self._send(encode_frame(ReplicateContent(content_delta=delta), data))
+
+    def _send(self, bufs: list[bytes | memoryview]) -> None:
+        """Queue one frame (encoded once) on every peer stream; they flush per loop turn."""
         try:
-            for _, s in self.peers:
-                s.write(msg, data)
-        except Exception as exc:  # noqa: BLE001
+            for s in self._streams:
+                s.write_encoded(bufs)
+        except Exception as exc:  # noqa: BLE001 - any write error breaks the pipeline
             raise self._fail(exc) from exc
 
     async def drain(self) -> None:
+        """Cheap unless a peer's transport is over its high-water mark (or lost)."""
         try:
-            for _, s in self.peers:
+            for s in self._streams:
                 await s.drain()
         except Exception as exc:  # noqa: BLE001
             raise self._fail(exc) from exc
@@ -148,14 +150,22 @@ class Pipeline:
                      timeout: float = ACK_TIMEOUT) -> list[tuple[ProcessId, ReplicateResponse]]:
         """Our turn: read one response from every peer, then release the next ticket."""
         try:
-            await asyncio.shield(wait_for)
+            if not wait_for.done():
+                await asyncio.shield(wait_for)
             self._check()
             out: list[tuple[ProcessId, ReplicateResponse]] = []
             try:
-                async with asyncio.timeout(timeout):
-                    for pid, s in self.peers:
-                        msg, _ = await s.read_message(ReplicateResponse)
-                        out.append((pid, msg))
+                # Acks usually arrive coalesced and are already buffered: no timer then.
+                for pid, s in self.peers:
+                    frame = s.read_buffered()
+                    if frame is None:
+                        break
+                    out.append((pid, FrameStream.expect(frame, ReplicateResponse)[0]))
+                if len(out) < len(self.peers):
+                    async with asyncio.timeout(timeout):
+                        for pid, s in self.peers[len(out):]:
+                            msg, _ = await s.read_message(ReplicateResponse)
+                            out.append((pid, msg))
             except (Exception, asyncio.CancelledError) as exc:
                 # A half-read set of acks leaves the streams out of step: never reuse them.
                 self._fail(exc if not isinstance(exc, asyncio.CancelledError)

@@ -45,6 +45,17 @@ class LocalPersister:
                  begin=fragment.begin, end=fragment.end, path=path)
 
 
+async def acquire_within(lock: asyncio.Lock, timeout: float) -> bool:
+    """lock.acquire() bounded by `timeout`; no task or timer when the lock is free."""
+    if not lock.locked() and not getattr(lock, "_waiters", None):
+        return await lock.acquire()  # free and nobody queued: returns without waiting
+    try:
+        async with asyncio.timeout(timeout):
+            return await lock.acquire()
+    except TimeoutError:
+        return False
+
+
 @dataclass(slots=True)
 class LocalFragment:
     fragment: Fragment
@@ -54,7 +65,7 @@ class LocalFragment:
 class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
-                 "_pulse_pending")
+                 "_pulse_pending", "resolution")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -74,6 +85,8 @@ class Replica:
         self._on_closed = on_closed
         self._log = log.bind(journal=journal)
         self._pulse_pending = False
+        self.resolution = None
+        """The append FSM's last primary resolution (reused while the keyspace is still)."""
 
     # -- spool observer ---------------------------------------------------------------
 
@@ -203,6 +216,18 @@ class Replica:
             if (lf.fragment.begin, lf.fragment.end, lf.fragment.sum) == (frag.begin, frag.end, frag.sum):
                 return lf
         return None
+
+    def cached_resolution(self, revision: int, min_revision: int = 0):  # noqa: ANN201
+        """The append FSM's last primary resolution while the keyspace is at its revision.
+
+        A resolution is a function of the keyspace mirror at one revision, so while the
+        mirror is still at the revision it was made at (and the request asks for nothing
+        later), resolving again would give the same answer. None otherwise.
+        """
+        res = self.resolution
+        if res is None or res.header.etcd.revision != revision or min_revision > revision:
+            return None
+        return res
 
     def close(self) -> None:
         """Release files (the replica left this coordinator)."""

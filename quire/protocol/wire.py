@@ -62,6 +62,11 @@ def check_prefix(prefix: bytes | memoryview) -> tuple[int, int, int]:
         length, kind, hlen = PREFIX.unpack(prefix)
     except struct.error:
         raise ProtocolError(f"a frame prefix is {PREFIX_SIZE} bytes, got {len(prefix)}") from None
+    return check_fields(length, kind, hlen)
+
+
+def check_fields(length: int, kind: int, hlen: int) -> tuple[int, int, int]:
+    """check_prefix on an already unpacked prefix."""
     if length < 5:
         raise ProtocolError(f"frame length {length} is shorter than its own prefix")
     if length > MAX_FRAME:
