@@ -1,0 +1,168 @@
+"""What every `quire` command shares: the broker address, output formats, exit codes.
+
+Exit codes (one per class of failure, so scripts can branch on them):
+
+    0   success
+    1   unexpected error (a bug: please report it)
+    2   usage error (bad flag or argument; printed by click)
+    3   not found (JOURNAL_NOT_FOUND, a missing file)
+    4   conflict: a precondition did not hold (ETCD_TRANSACTION_FAILED,
+        WRONG_APPEND_OFFSET, REGISTER_MISMATCH, INDEX_HAS_GREATER_OFFSET, PROPOSAL_MISMATCH)
+    5   not allowed (NOT_ALLOWED, SUSPENDED)
+    6   unavailable: the cluster could not serve the request (UNAVAILABLE, no primary,
+        insufficient brokers, wrong route, store unhealthy, connection refused)
+    7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config)
+    8   protocol error (the peer is not a quire broker, or a version mismatch)
+    130 interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from quire.client import Client
+from quire.protocol import Status
+from quire.protocol.errors import ProtocolError, QuireError, StatusError, ValidationError
+
+T = TypeVar("T")
+
+DEFAULT_BROKER = "127.0.0.1:8080"
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_NOT_ALLOWED = 3, 4, 5
+EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_PROTOCOL, EXIT_INTERRUPTED = 6, 7, 8, 130
+
+_STATUS_EXIT = {
+    Status.JOURNAL_NOT_FOUND: EXIT_NOT_FOUND,
+    Status.ETCD_TRANSACTION_FAILED: EXIT_CONFLICT,
+    Status.WRONG_APPEND_OFFSET: EXIT_CONFLICT,
+    Status.REGISTER_MISMATCH: EXIT_CONFLICT,
+    Status.INDEX_HAS_GREATER_OFFSET: EXIT_CONFLICT,
+    Status.PROPOSAL_MISMATCH: EXIT_CONFLICT,
+    Status.NOT_ALLOWED: EXIT_NOT_ALLOWED,
+    Status.SUSPENDED: EXIT_NOT_ALLOWED,
+    Status.BAD_REQUEST: EXIT_INVALID,
+    Status.OFFSET_NOT_YET_AVAILABLE: EXIT_NOT_FOUND,
+}
+
+
+class Output(str, enum.Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+# Piped output is read by scripts and wide terminals alike: do not fold it at 80 columns.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else
+                 int(os.environ.get("COLUMNS", "200")))
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+class CliError(Exception):
+    """An error to print as one line with a given exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code_for(exc: BaseException) -> int:
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, StatusError):
+        return _STATUS_EXIT.get(exc.status, EXIT_UNAVAILABLE)
+    if isinstance(exc, (ValidationError, ValueError)):
+        return EXIT_INVALID
+    if isinstance(exc, ProtocolError):
+        return EXIT_PROTOCOL
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR
+
+
+def error_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (QuireError, CliError)):
+        return f"error: {text}"
+    return f"error: {type(exc).__name__}: {text}"
+
+
+def broker_endpoints(ctx: typer.Context) -> list[str]:
+    obj = ctx.find_root().obj or {}
+    value = obj.get("broker") or os.environ.get("QUIRE_BROKER") or DEFAULT_BROKER
+    return [e.strip() for e in value.split(",") if e.strip()]
+
+
+def make_client(ctx: typer.Context) -> Client:
+    obj = ctx.find_root().obj or {}
+    return Client(broker_endpoints(ctx), retry_timeout=obj.get("timeout", 10.0),
+                  connect_timeout=min(5.0, obj.get("timeout", 10.0)))
+
+
+def run(ctx: typer.Context, body: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
+    """Run `body(client)` on a fresh event loop and close the client afterwards."""
+
+    async def main() -> T:
+        async with make_client(ctx) as client:
+            return await body(client)
+
+    return asyncio.run(main())
+
+
+# -- output -------------------------------------------------------------------------------
+
+def to_plain(value: Any) -> Any:
+    """msgspec structs and enums as JSON/YAML-able builtins."""
+    return msgspec.to_builtins(value)
+
+
+def emit_json_lines(rows: Iterable[Any]) -> None:
+    for row in rows:
+        sys.stdout.write(json.dumps(to_plain(row), separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def emit_yaml(value: Any) -> None:
+    sys.stdout.write(yaml.safe_dump(to_plain(value), sort_keys=False, default_flow_style=False))
+    sys.stdout.flush()
+
+
+def emit_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    stdout.print(table)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def progress_enabled() -> bool:
+    """Progress bars go to stderr, and only when a human is watching."""
+    return sys.stderr.isatty()
+
+
+OutputOption = typer.Option(Output.table, "-o", "--output", help="table, json (JSON lines) or yaml.")

@@ -1,0 +1,144 @@
+"""`quire journals list|apply|delete|reset-head|suspend`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+import typer
+
+from quire.client import Client
+from quire.protocol import ApplyChange, ListEntry
+
+from . import specs as specfile
+from .common import (
+    EXIT_NOT_FOUND,
+    CliError,
+    Output,
+    OutputOption,
+    emit_json_lines,
+    emit_table,
+    emit_yaml,
+    run,
+    stdout,
+)
+
+app = typer.Typer(help="List, create, change and delete journals.", no_args_is_help=True)
+
+SelectorOption = typer.Option("", "-l", "--selector",
+                              help="Label selector, e.g. 'topic=clicks, region in (eu, us)'.")
+
+
+def _route(entry: ListEntry) -> str:
+    members = entry.route.members
+    return ", ".join(("*" if i == entry.route.primary else "") + str(m)
+                     for i, m in enumerate(members)) or "-"
+
+
+@app.command("list")
+def list_journals(ctx: typer.Context, selector: str = SelectorOption,
+                  output: Output = OutputOption) -> None:
+    """List journals matching a label selector (all by default)."""
+    entries = run(ctx, lambda c: c.list_journals(selector))
+    if output is Output.json:
+        emit_json_lines(entries)
+    elif output is Output.yaml:
+        emit_yaml(specfile.render(entries))
+    else:
+        emit_table(None, ["name", "labels", "replication", "route (*primary)", "codec", "stores",
+                          "revision"],
+                   [(e.spec.name, str(e.spec.labels), e.spec.replication, _route(e),
+                     e.spec.fragment.compression_codec.value, " ".join(e.spec.fragment.stores),
+                     e.mod_revision) for e in entries])
+
+
+@app.command("apply")
+def apply(ctx: typer.Context,
+          file: str = typer.Option(..., "-f", "--file", "--specs",
+                                   help="YAML spec tree ('-' for stdin)."),
+          dry_run: bool = typer.Option(False, "--dry-run",
+                                       help="Parse and validate, print the changes, apply nothing."),
+          output: Output = OutputOption) -> None:
+    """Create, update or delete journals from a YAML spec tree, in one transaction."""
+    if file == "-":
+        text, source = sys.stdin.read(), "stdin"
+    else:
+        path = Path(file)
+        if not path.is_file():
+            raise CliError(f"spec file {file} not found", EXIT_NOT_FOUND)
+        text, source = path.read_text(), path.name
+    changes = specfile.parse(text, source)
+    if not changes:
+        raise CliError(f"{source} holds no journals", 7)
+
+    async def go(client: Client) -> tuple[int, list[ApplyChange]]:
+        resolved = []
+        for change in changes:
+            if change.delete and change.expect_mod_revision == -1:
+                # Deletes name the revision they remove, so a racing re-create survives.
+                entry = await client.get_journal(change.delete)
+                change = ApplyChange(delete=change.delete, expect_mod_revision=entry.mod_revision)
+            resolved.append(change)
+        if dry_run:
+            return 0, resolved
+        return await client.apply(resolved), resolved
+
+    if dry_run:
+        _print_changes(changes, output, revision=None)
+        return
+    revision, resolved = run(ctx, go)
+    _print_changes(resolved, output, revision=revision)
+
+
+def _print_changes(changes: list[ApplyChange], output: Output, revision: int | None) -> None:
+    rows = [{"action": "delete" if c.delete else "upsert",
+             "journal": c.delete or (c.upsert.name if c.upsert else ""),
+             "expect_mod_revision": c.expect_mod_revision} for c in changes]
+    if output is Output.json:
+        emit_json_lines(rows if revision is None else [{**r, "revision": revision} for r in rows])
+    elif output is Output.yaml:
+        emit_yaml({"revision": revision, "dry_run": revision is None, "changes": rows})
+    else:
+        title = "dry run: nothing applied" if revision is None else f"applied at revision {revision}"
+        emit_table(title, ["action", "journal", "expected revision"],
+                   [(r["action"], r["journal"], r["expect_mod_revision"]) for r in rows])
+
+
+@app.command("delete")
+def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Journal name."),
+           output: Output = OutputOption) -> None:
+    """Delete a journal's spec (its persisted fragments stay in the store)."""
+    revision = run(ctx, lambda c: c.delete(name))
+    _report(output, {"journal": name, "deleted": True, "revision": revision},
+            f"deleted {name} at revision {revision}")
+
+
+@app.command("reset-head")
+def reset_head(ctx: typer.Context,
+               journal: str = typer.Option(..., "-j", "--journal", help="Journal name."),
+               output: Output = OutputOption) -> None:
+    """Move the journal's append offset to the highest offset any replica or store holds
+    (after losing replicas, or when the store has content the brokers lack)."""
+    result = run(ctx, lambda c: c.reset_head(journal))
+    _report(output, {"journal": journal, "write_head": result.end},
+            f"{journal}: write head is now {result.end}")
+
+
+@app.command("suspend")
+def suspend(ctx: typer.Context,
+            journal: str = typer.Option(..., "-j", "--journal", help="Journal name."),
+            force: bool = typer.Option(False, "--force",
+                                       help="Suspend now, even if not yet fully persisted."),
+            output: Output = OutputOption) -> None:
+    """Suspend an idle journal: its replicas are released until the next append."""
+    result = run(ctx, lambda c: c.suspend(journal, force=force))
+    _report(output, {"journal": journal, "offset": result.end, "suspended": True},
+            f"{journal}: suspend requested at offset {result.end}")
+
+
+def _report(output: Output, row: dict, text: str) -> None:
+    if output is Output.json:
+        emit_json_lines([row])
+    elif output is Output.yaml:
+        emit_yaml(row)
+    else:
+        stdout.print(text, markup=False, highlight=False)

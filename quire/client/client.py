@@ -1,0 +1,310 @@
+"""The asyncio client: appends, reads, and the metadata RPCs of a quire cluster.
+
+    client = Client(["127.0.0.1:8080"])
+    result = await client.append("topic/part-000", b"hello\\n")
+    async for offset, data in client.read("topic/part-000", offset=0):
+        ...
+    await client.close()
+
+Retries: only what is safe. Metadata reads (List, ListFragments, ListBrokers) and reads
+retry on unreachable endpoints and routing statuses until `retry_timeout`. An append is
+retried when the cluster certainly did not commit it — the failure came before its
+commit was sent, or the broker answered with a routing status — and its body can be
+sent again; after the commit was sent the outcome is unknown, so it is retried only
+with an explicit `offset` (a duplicate then fails with WRONG_APPEND_OFFSET instead of
+landing twice). Every non-OK status becomes the StatusError subclass of that status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from quire.protocol import (
+    AppendChunk,
+    AppendCommit,
+    AppendRequest,
+    AppendResponse,
+    ApplyChange,
+    ApplyRequest,
+    ApplyResponse,
+    BrokerInfo,
+    FragmentInfo,
+    JournalSpec,
+    LabelSelector,
+    LabelSet,
+    ListBrokersRequest,
+    ListBrokersResponse,
+    ListEntry,
+    ListFragmentsRequest,
+    ListFragmentsResponse,
+    ListRequest,
+    ListResponse,
+    Message,
+    Status,
+    parse_selector,
+    validate_journal_name,
+)
+from quire.protocol.errors import ProtocolError, Unavailable, for_status
+
+from .body import AppendData, Body
+from .connection import Connection, ConnectionPool
+from .reader import Reader
+from .results import AppendResult
+from .retry import ROUTING_STATUSES, backoff, reason, strip_status
+from .routes import RouteCache
+
+R = TypeVar("R", bound=Message)
+
+class _Ambiguous(Exception):
+    """The append's commit was sent but no answer came: it may or may not have landed."""
+
+    def __init__(self, cause: Unavailable) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Client:
+    def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
+                 rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
+                 max_idle: int = 8) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        self.routes = RouteCache(list(endpoints))
+        self.pool = ConnectionPool(connect_timeout=connect_timeout, max_idle=max_idle)
+        self.rpc_timeout = rpc_timeout
+        self.retry_timeout = retry_timeout
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self.routes.seeds)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- append ---------------------------------------------------------------------
+
+    async def append(self, journal: str, data: AppendData, *, offset: int = 0,
+                     check_registers: LabelSelector | str | None = None,
+                     union_registers: LabelSet | None = None,
+                     subtract_registers: LabelSet | None = None,
+                     suspend: str = "resume", retry_timeout: float | None = None) -> AppendResult:
+        """Append `data` as one transaction; all of it commits, or none of it."""
+        validate_journal_name(journal, "journal")
+        if isinstance(check_registers, str):
+            check_registers = parse_selector(check_registers)
+        request = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
+                                union_registers=union_registers,
+                                subtract_registers=subtract_registers, suspend=suspend)
+        body = Body(data)
+        deadline = time.monotonic() + (self.retry_timeout if retry_timeout is None else retry_timeout)
+        attempt = 0
+        while True:
+            endpoint = self.routes.for_append(journal)
+            try:
+                response = await self._append_once(endpoint, request, body)
+            except _Ambiguous as exc:
+                self.routes.mark_down(endpoint)
+                # Re-sending at the same explicit offset cannot land twice.
+                if offset == 0 or not body.rewind() or time.monotonic() >= deadline:
+                    raise Unavailable(f"outcome unknown: {reason(exc.cause)}", journal=journal) from exc.cause
+            except Unavailable as exc:
+                self.routes.mark_down(endpoint)
+                if not body.rewind() or time.monotonic() >= deadline:
+                    raise Unavailable(reason(exc), journal=journal) from exc
+            else:
+                if response.status == Status.OK:
+                    self.routes.update(journal, response.header)
+                    commit = response.commit
+                    return AppendResult(journal=journal, begin=commit.begin if commit else 0,
+                                        end=commit.end if commit else 0, commit=commit,
+                                        registers=response.registers)
+                if response.status not in ROUTING_STATUSES or not body.rewind() \
+                        or time.monotonic() >= deadline:
+                    self.routes.invalidate(journal)
+                    raise for_status(response.status)(strip_status(response.status, response.message),
+                                                      journal=journal, detail=response)
+                self.routes.invalidate(journal)
+                self.routes.update(journal, response.header)
+            await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
+            attempt += 1
+
+    async def _append_once(self, endpoint: str, request: AppendRequest, body: Body) -> AppendResponse:
+        conn = await self.pool.acquire(endpoint)
+        # The broker may answer before the commit (e.g. JOURNAL_NOT_FOUND) and stop
+        # reading our chunks; listening while sending keeps a big append from blocking
+        # on a full socket buffer that will never drain.
+        answer = asyncio.ensure_future(conn.read(self.rpc_timeout))
+        committed = False
+        try:
+            conn.write(request)
+            async for chunk in body.chunks():
+                conn.write(AppendChunk(), chunk)
+                if await self._drain_or_answer(conn, answer):
+                    break
+            else:
+                conn.write(AppendCommit())
+                committed = True
+                await self._drain_or_answer(conn, answer)
+            try:
+                frame = await answer
+            except Unavailable as exc:
+                if committed:
+                    raise _Ambiguous(exc) from exc
+                raise
+            if not isinstance(frame.message, AppendResponse):
+                raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
+            if not committed:
+                conn.broken = True  # answered early: the rest of our stream is unread
+            return frame.message
+        except BaseException:
+            if not answer.done():
+                answer.cancel()
+            # Closing mid-stream rolls back an uncommitted append on the broker.
+            conn.abort()
+            raise
+        finally:
+            self.pool.release(conn)
+
+    @staticmethod
+    async def _drain_or_answer(conn: Connection, answer: asyncio.Future[Any]) -> bool:
+        """Drain the writer; True if the broker answered first (stop sending)."""
+        if answer.done():
+            return True
+        drain = asyncio.ensure_future(conn.drain())
+        done, _ = await asyncio.wait({drain, answer}, return_when=asyncio.FIRST_COMPLETED)
+        if drain in done:
+            try:
+                drain.result()
+            except Unavailable:
+                # The broker may have closed after answering; let the answer decide.
+                return True
+            return False
+        drain.cancel()
+        return True
+
+    # -- read -----------------------------------------------------------------------
+
+    def read(self, journal: str, offset: int = 0, *, block: bool = False, follow: bool = False,
+             end_offset: int = 0, from_store: bool = False) -> Reader:
+        """An async iterator of (offset, bytes). See Reader for the offset-jump rule."""
+        validate_journal_name(journal, "journal")
+        return Reader(self, journal, offset, block=block, follow=follow, end_offset=end_offset,
+                      from_store=from_store)
+
+    async def write_head(self, journal: str) -> int:
+        """The journal's current write head (a non-blocking metadata read at -1)."""
+        reader = Reader(self, journal, -1, metadata_only=True)
+        return await reader.probe()
+
+    # -- metadata RPCs -------------------------------------------------------------
+
+    async def unary(self, request: Message, expect: type[R], *, journal: str = "",
+                    endpoint: str | None = None, idempotent: bool = True) -> R:
+        """One request, one response, with retries; a non-OK status raises."""
+        deadline = time.monotonic() + self.retry_timeout
+        attempt = 0
+        while True:
+            target = endpoint or (self.routes.for_read(journal) if journal else self.routes.seed())
+            sent = False
+            try:
+                async with self.pool.lease(target) as conn:
+                    sent = True
+                    await conn.send(request)
+                    frame = await conn.read(self.rpc_timeout)
+                if not isinstance(frame.message, expect):
+                    raise ProtocolError(f"{target} answered {type(request).__name__} with "
+                                        f"{type(frame.message).__name__}")
+                response = frame.message
+                status = getattr(response, "status", Status.OK)
+                if status == Status.OK:
+                    if journal:
+                        self.routes.update(journal, getattr(response, "header", None))
+                    return response
+                if status not in ROUTING_STATUSES or time.monotonic() >= deadline:
+                    raise for_status(status)(strip_status(status, getattr(response, "message", "")),
+                                             journal=journal, detail=response)
+                if journal:
+                    self.routes.invalidate(journal)
+            except Unavailable as exc:
+                self.routes.mark_down(target)
+                if (sent and not idempotent) or time.monotonic() >= deadline:
+                    raise Unavailable(reason(exc), journal=journal) from exc
+            await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
+            attempt += 1
+
+    async def list_journals(self, selector: LabelSelector | str = "") -> list[ListEntry]:
+        if isinstance(selector, str):
+            selector = parse_selector(selector)
+        response = await self.unary(ListRequest(selector=selector), ListResponse)
+        return sorted(response.journals, key=lambda e: e.spec.name)
+
+    async def get_journal(self, name: str) -> ListEntry:
+        """The entry of one journal; JournalNotFound if there is none."""
+        validate_journal_name(name, "journal")
+        for entry in await self.list_journals(LabelSelector(include=LabelSet.of(name=name))):
+            if entry.spec.name == name:
+                return entry
+        raise for_status(Status.JOURNAL_NOT_FOUND)("no such journal", journal=name)
+
+    async def apply(self, changes: Iterable[ApplyChange | JournalSpec]) -> int:
+        """Apply upserts and deletes in one etcd transaction; returns its revision.
+
+        A bare JournalSpec is an upsert without a revision check (-1)."""
+        items: list[ApplyChange] = []
+        for change in changes:
+            if isinstance(change, JournalSpec):
+                change.validate()
+                change = ApplyChange(upsert=change, expect_mod_revision=-1)
+            elif change.upsert is not None:
+                change.upsert.validate()
+            items.append(change)
+        response = await self.unary(ApplyRequest(changes=tuple(items)), ApplyResponse,
+                                    idempotent=False)
+        return response.revision
+
+    async def delete(self, name: str, *, expect_mod_revision: int | None = None) -> int:
+        """Delete a journal spec; JournalNotFound if it does not exist."""
+        if expect_mod_revision is None:
+            expect_mod_revision = (await self.get_journal(name)).mod_revision
+        return await self.apply([ApplyChange(delete=name, expect_mod_revision=expect_mod_revision)])
+
+    async def list_fragments(self, journal: str, *, begin_mod_time: int = 0,
+                             end_mod_time: int = 0, signature_ttl: float = 60.0) -> list[FragmentInfo]:
+        validate_journal_name(journal, "journal")
+        out: list[FragmentInfo] = []
+        token = 0
+        while True:
+            response = await self.unary(
+                ListFragmentsRequest(journal=journal, begin_mod_time=begin_mod_time,
+                                     end_mod_time=end_mod_time, next_page_token=token,
+                                     signature_ttl=signature_ttl),
+                ListFragmentsResponse, journal=journal)
+            out.extend(response.fragments)
+            # The token is the next fragment's begin; a token that does not move would
+            # loop forever on a confused broker.
+            if not response.next_page_token or response.next_page_token <= token:
+                return out
+            token = response.next_page_token
+
+    async def list_brokers(self) -> list[BrokerInfo]:
+        response = await self.unary(ListBrokersRequest(), ListBrokersResponse)
+        return sorted(response.brokers, key=lambda b: (b.id.zone, b.id.suffix))
+
+    async def reset_head(self, journal: str) -> AppendResult:
+        """Gazette's reset-head: an empty append at the write head with suspend=keep, so
+        the journal continues at the highest offset any store or replica has."""
+        head = await self.write_head(journal)
+        return await self.append(journal, b"", offset=head, suspend="keep")
+
+    async def suspend(self, journal: str, *, force: bool = False) -> AppendResult:
+        """Ask the journal to suspend: if fully flushed (default) or now (`force`)."""
+        return await self.append(journal, b"", suspend="now" if force else "if-flushed")

@@ -1,0 +1,167 @@
+"""Connections to coordinators and a small pool of them per endpoint.
+
+A connection opens with Hello -> HelloAck and then carries one RPC at a time, so a
+connection is *leased* for exactly one RPC and handed back only if that RPC ended on a
+frame boundary (a clean response). Anything else — an error mid-stream, a cancelled
+read — closes it, because the peer may still be sending frames of the old RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from quire.protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
+from quire.protocol.errors import ProtocolError, StatusError, Unavailable, for_status
+from quire.protocol.status import Status
+from quire.protocol.stream import ConnectionClosed, FrameStream
+from quire.protocol.wire import Frame
+
+
+class Connection:
+    """One FrameStream after a successful hello."""
+
+    def __init__(self, endpoint: str, stream: FrameStream) -> None:
+        self.endpoint = endpoint
+        self.stream = stream
+        self.broken = False
+
+    @classmethod
+    async def open(cls, endpoint: str, timeout: float) -> Connection:
+        try:
+            stream = await FrameStream.connect(endpoint, timeout=timeout)
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise Unavailable(f"cannot connect to {endpoint}: {exc or type(exc).__name__}") from exc
+        conn = cls(endpoint, stream)
+        try:
+            await asyncio.wait_for(stream.send(Hello(version=PROTOCOL_VERSION)), timeout)
+            frame = await asyncio.wait_for(stream.read(), timeout)
+        except (ProtocolError, OSError, asyncio.TimeoutError) as exc:
+            conn.abort()
+            raise Unavailable(f"hello to {endpoint} failed: {exc or type(exc).__name__}") from exc
+        if isinstance(frame.message, ErrorFrame):
+            conn.abort()
+            raise for_status(frame.message.status)(f"{endpoint} refused hello: {frame.message.message}")
+        if not isinstance(frame.message, HelloAck):
+            conn.abort()
+            raise ProtocolError(f"{endpoint} answered hello with {type(frame.message).__name__}")
+        return conn
+
+    @property
+    def stale(self) -> bool:
+        # The peer closed an idle connection (coordinator restart, idle timeout): the
+        # reader has already seen EOF. Detecting it here keeps a dead pooled connection
+        # from turning a safe append into an ambiguous one.
+        return self.broken or self.stream.reader.at_eof() or self.stream.writer.is_closing()
+
+    async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
+        try:
+            await self.stream.send(message, payload)
+        except (ConnectionClosed, OSError) as exc:
+            self.broken = True
+            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+
+    def write(self, message: Message, payload: bytes | memoryview = b"") -> None:
+        """Queue a frame without draining (the caller drains)."""
+        try:
+            self.stream.write(message, payload)
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            self.broken = True
+            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+
+    async def drain(self) -> None:
+        try:
+            await self.stream.drain()
+        except (ConnectionClosed, OSError) as exc:
+            self.broken = True
+            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+
+    async def read(self, timeout: float | None = None) -> Frame:
+        """The next frame; an ErrorFrame from the peer becomes its typed StatusError."""
+        try:
+            if timeout is None:
+                frame = await self.stream.read()
+            else:
+                frame = await asyncio.wait_for(self.stream.read(), timeout)
+        except ConnectionClosed as exc:
+            self.broken = True
+            raise Unavailable(f"connection to {self.endpoint} closed: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            self.broken = True
+            raise Unavailable(f"{self.endpoint} did not answer within {timeout:g}s") from exc
+        except ProtocolError:
+            self.broken = True
+            raise
+        if isinstance(frame.message, ErrorFrame):
+            self.broken = True
+            raise for_status(frame.message.status)(f"{self.endpoint}: {frame.message.message}")
+        return frame
+
+    def abort(self) -> None:
+        self.broken = True
+        self.stream.abort()
+
+    async def close(self) -> None:
+        self.broken = True
+        await self.stream.close()
+
+
+class ConnectionPool:
+    """Idle connections per endpoint, at most `max_idle` kept per endpoint."""
+
+    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 8) -> None:
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: dict[str, list[Connection]] = {}
+        self._closed = False
+
+    async def acquire(self, endpoint: str) -> Connection:
+        if self._closed:
+            raise Unavailable("client is closed")
+        idle = self._idle.get(endpoint)
+        while idle:
+            conn = idle.pop()
+            if not conn.stale:
+                return conn
+            conn.abort()
+        return await Connection.open(endpoint, self.connect_timeout)
+
+    def release(self, conn: Connection) -> None:
+        if conn.broken or self._closed:
+            conn.abort()
+            return
+        idle = self._idle.setdefault(conn.endpoint, [])
+        if len(idle) >= self.max_idle:
+            conn.abort()
+        else:
+            idle.append(conn)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, endpoint: str) -> AsyncIterator[Connection]:
+        """A connection for one RPC. It returns to the pool only if the body finished
+        without an exception; the body marks it broken if the RPC ended mid-stream."""
+        conn = await self.acquire(endpoint)
+        try:
+            yield conn
+        except BaseException:
+            conn.abort()
+            raise
+        else:
+            self.release(conn)
+
+    def drop(self, endpoint: str) -> None:
+        """Forget every idle connection to an endpoint (it failed us)."""
+        for conn in self._idle.pop(endpoint, []):
+            conn.abort()
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                await conn.close()
+
+
+def status_error(status: Status, message: str, journal: str = "") -> StatusError:
+    return for_status(status)(message, journal=journal)

@@ -1,0 +1,94 @@
+"""Which endpoint to ask about a journal (Gazette's broker/client/route_cache.go).
+
+Appends go to the cached primary and reads to a cached member; with no cached route
+(or after the cache was invalidated) a call goes to one of the seed endpoints, which
+proxies, and the route in the response header refills the cache. Seeds are tried in a
+rotating order so one dead seed does not take every call down with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+
+from quire.protocol import Header, Route
+
+
+class RouteCache:
+    def __init__(self, seeds: list[str], *, max_entries: int = 4096, ttl: float = 300.0) -> None:
+        if not seeds:
+            raise ValueError("a client needs at least one endpoint")
+        self.seeds = list(dict.fromkeys(seeds))
+        self.max_entries = max_entries
+        self.ttl = ttl
+        self._routes: OrderedDict[str, tuple[Route, float]] = OrderedDict()
+        self._rr = itertools.count()
+        self._down: dict[str, float] = {}
+
+    def get(self, journal: str) -> Route | None:
+        entry = self._routes.get(journal)
+        if entry is None:
+            return None
+        route, at = entry
+        # Routes change only when the allocator moves a journal, but an old entry can
+        # outlive every member it names; a TTL bounds how long we trust it.
+        if time.monotonic() - at > self.ttl:
+            del self._routes[journal]
+            return None
+        return route
+
+    def update(self, journal: str, header: Header | None) -> None:
+        if header is None or not header.route.members or not header.route.endpoints:
+            return
+        self._routes[journal] = (header.route, time.monotonic())
+        self._routes.move_to_end(journal)
+        while len(self._routes) > self.max_entries:
+            self._routes.popitem(last=False)
+
+    def invalidate(self, journal: str) -> None:
+        self._routes.pop(journal, None)
+
+    def mark_down(self, endpoint: str) -> None:
+        """An endpoint refused us; prefer others for a few seconds."""
+        self._down[endpoint] = time.monotonic()
+        for journal in [j for j, (r, _) in self._routes.items() if endpoint in r.endpoints]:
+            del self._routes[journal]
+
+    def _is_down(self, endpoint: str) -> bool:
+        at = self._down.get(endpoint)
+        if at is None:
+            return False
+        if time.monotonic() - at > 5.0:
+            del self._down[endpoint]
+            return False
+        return True
+
+    def seed(self) -> str:
+        """The next seed endpoint, skipping recently failed ones while others remain."""
+        n = len(self.seeds)
+        start = next(self._rr)
+        for i in range(n):
+            candidate = self.seeds[(start + i) % n]
+            if not self._is_down(candidate):
+                return candidate
+        return self.seeds[start % n]
+
+    def for_append(self, journal: str) -> str:
+        route = self.get(journal)
+        if route is not None and route.primary_endpoint and not self._is_down(route.primary_endpoint):
+            return route.primary_endpoint
+        return self.seed()
+
+    def for_read(self, journal: str) -> str:
+        route = self.get(journal)
+        if route is not None:
+            # The primary has every committed byte first; any member will do, but
+            # reading where appends land avoids a replica lagging a commit behind.
+            primary = route.primary_endpoint
+            if primary and not self._is_down(primary):
+                return primary
+            for endpoint in route.endpoints:
+                if endpoint and not self._is_down(endpoint):
+                    return endpoint
+        return self.seed()

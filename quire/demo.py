@@ -1,0 +1,158 @@
+"""`make run` / `quire demo` / `python -m quire.demo`: quire end to end, then stop.
+
+1. start a local cluster (`quire up`'s LocalCluster: etcd, redis-server, 2 coordinators,
+   Celery worker and beat — all subprocesses) in a fresh data directory;
+2. apply a topic `events` of 4 journals (label `topic=events`, partitions as journals);
+3. append 4,000 JSON messages through AppendService, keyed by user (rendezvous mapping);
+4. tail one partition and show its first messages with their offsets;
+5. wait (bounded) until every partition has fragments persisted to the store, and list
+   them with their store paths;
+6. when `spark/jobs` exists, run the example batch job over the store (no brokers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from quire.client import AppendService, Client, Mapper, encode, read_messages
+from quire.protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+from quire.services import ServiceError
+from quire.services.process import free_port
+
+console = Console()
+PARTITIONS = 4
+MESSAGES = 4000
+PERSIST_WAIT = 90.0
+
+
+def _specs(store: str) -> list[JournalSpec]:
+    return [JournalSpec(name=f"demo/events/part-{i:03d}", replication=2,
+                        labels=LabelSet.of({"topic": "events", "content-type": "application/x-ndjson"}),
+                        fragment=FragmentSpec(length=32 << 10, compression_codec=Codec.GZIP,
+                                              stores=(store,), refresh_interval=1.0))
+            for i in range(PARTITIONS)]
+
+
+async def _scenario(endpoints: list[str], store: str) -> list[str]:
+    async with Client(endpoints, retry_timeout=30) as client:
+        revision = await client.apply(_specs(store))
+        console.print(f"applied topic [bold]events[/]: {PARTITIONS} journals at etcd revision {revision}")
+
+        mapper = Mapper("topic=events", client)
+        started = time.monotonic()
+        base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        async with AppendService(client) as svc:
+            futures = []
+            for n in range(MESSAGES):
+                user = f"user-{n % 37:02d}"
+                ts = (base + dt.timedelta(minutes=n)).isoformat()
+                journal = await mapper.map(user)
+                futures.append(await svc.append(journal, encode({"key": user, "ts": ts, "n": n})))
+            await svc.flush(timeout=60)
+        spans = [f.result() for f in futures]
+        console.print(f"appended {MESSAGES} messages ({sum(s.size for s in spans)} bytes) in "
+                      f"{time.monotonic() - started:.2f}s through AppendService")
+
+        journals = list(mapper.journals)
+        tail = journals[0]
+        shown = []
+        async for offset, message in read_messages(client.read(tail)):
+            if len(shown) < 3:
+                shown.append((offset, message))
+        console.print(f"tail of {tail}: first messages")
+        for offset, message in shown:
+            console.print(f"  offset {offset:>6}  {message}", highlight=False)
+
+        deadline = time.monotonic() + PERSIST_WAIT
+        while True:
+            fragments = {j: await client.list_fragments(j) for j in journals}
+            persisted = {j: [f for f in fs if f.spec.is_persisted] for j, fs in fragments.items()}
+            if all(persisted.values()) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1.0)
+        table = Table(title="fragments (persisted ones are in the store)")
+        for col in ("journal", "begin", "end", "where", "path"):
+            table.add_column(col, overflow="fold")
+        from fragment_store.keys import fragment_key
+
+        for journal, infos in fragments.items():
+            for info in infos:
+                f = info.spec
+                where = "store" if f.is_persisted else "coordinator disk"
+                path = f.backing_store + fragment_key(f) if f.is_persisted else "-"
+                table.add_row(journal, str(f.begin), str(f.end), where, path)
+        console.print(table)
+        missing = [j for j, fs in persisted.items() if not fs]
+        if missing:
+            raise RuntimeError(f"no fragment of {', '.join(missing)} was persisted within "
+                               f"{PERSIST_WAIT:.0f}s (is the Celery worker running?)")
+        return journals
+
+
+def _spark_job(data_dir: Path, store: str) -> int:
+    jobs = Path(__file__).resolve().parent.parent / "spark" / "jobs"
+    if not jobs.is_dir():
+        console.print("spark/jobs not present: skipping the batch job")
+        return 0
+    out = data_dir / "hourly-counts"
+    argv = [sys.executable, "-m", "spark.main", "run", "hourly-counts", "--store", store,
+            "--selector", "prefix=demo/events/", "--out", str(out), "--master", "local[2]"]
+    console.print(f"running the example batch job: {' '.join(argv[2:])}", highlight=False)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        console.print("[red]batch job timed out after 300s[/]")
+        return 1
+    # Spark's stage progress bars and log noise are not the job's result.
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines()
+             if ln.strip() and "WARN" not in ln and "Stage" not in ln and not ln.strip().endswith("]")]
+    for line in (proc.stdout.strip().splitlines() if proc.returncode == 0 else lines)[-5:]:
+        console.print(f"  {line}", highlight=False, markup=False)
+    if proc.returncode != 0:
+        console.print(f"[red]batch job failed with exit code {proc.returncode}[/]")
+    return proc.returncode
+
+
+def main(data_dir: str | None = None) -> int:
+    from quire.local_cluster import LocalCluster
+
+    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="quire-demo-"))
+    started = time.monotonic()
+    try:
+        with LocalCluster(root, coordinators=2, port=free_port()) as cluster:
+            table = Table(title="local cluster")
+            for col in ("service", "pid", "address"):
+                table.add_column(col)
+            for row in cluster.rows():
+                table.add_row(row["service"], str(row["pid"]), row["address"])
+            console.print(table)
+            for note in cluster.notes:
+                console.print(f"note: {note}")
+            asyncio.run(_scenario(cluster.endpoints, cluster.store))
+            # The batch job needs only the store; the cluster stays up meanwhile so the
+            # index manifest keeps being refreshed by the workers.
+            code = _spark_job(root, cluster.store)
+            console.print("stopping the cluster")
+    except (ServiceError, RuntimeError, OSError) as exc:
+        console.print(f"[red]demo failed:[/] {' '.join(str(exc).split()[:80])}")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a demo reports, it does not trace back
+        console.print(f"[red]demo failed:[/] {type(exc).__name__}: {exc}")
+        return 1
+    console.print(f"demo finished in {time.monotonic() - started:.1f}s (data in {root})")
+    return code
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

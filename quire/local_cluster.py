@@ -1,0 +1,294 @@
+"""`quire up`: a whole quire cluster on this machine, as real subprocesses.
+
+etcd (from PATH), redis-server, N coordinators (`python -m coordinator.main`), a Celery
+worker, Celery beat, and Flower on request; fragments go to `file://<data-dir>/fragments/`
+unless another store is given. Roles are started as processes and never imported, and
+only roles whose code exists are started (a missing workers package is reported, not
+faked).
+
+The data directory is reused across runs: etcd keeps its data (journals survive), the
+ports chosen the first time are remembered in `cluster.json` (etcd's data records its
+peer URL), and every coordinator keeps its id and spool directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from quire.services import CeleryWorkerService, EtcdService, RedisService, Service, ServiceError
+from quire.services.process import free_port
+
+ROOT = "/quire"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # As servers bind: a port whose old connections linger in TIME_WAIT is free to
+        # them, and must be to us, or every restart would move the cluster.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def hello_probe(endpoint: str, timeout: float = 1.0) -> bool:
+    """True once a quire coordinator answers Hello at `endpoint` (blocking, no asyncio)."""
+    from quire.protocol import Hello, HelloAck
+    from quire.protocol.wire import FrameDecoder, encode_frame_bytes
+
+    host, _, port = endpoint.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(encode_frame_bytes(Hello()))
+        decoder = FrameDecoder()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                return False
+            decoder.feed(data)
+            for frame in decoder.frames():
+                return isinstance(frame.message, HelloAck)
+    return False
+
+
+def _package_dir(name: str) -> Path | None:
+    # find_spec of a top-level package locates it without importing it.
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+class LocalCluster:
+    def __init__(self, data_dir: str | Path, *, coordinators: int = 1, store: str | None = None,
+                 flower: bool = False, zones: int = 1, port: int = 8080) -> None:
+        self.data_dir = Path(data_dir).expanduser().absolute()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.n = coordinators
+        self.zones = zones
+        self.store = store or (self.data_dir / "fragments").as_uri() + "/"
+        if self.store.startswith("file://"):
+            Path(self.store[len("file://"):]).mkdir(parents=True, exist_ok=True)
+        self.want_flower = flower
+        self.services: list[Service] = []
+        self.notes: list[str] = []
+        self.ports = self._ports(port)
+        self.coordinators: list[Service] = []
+        self.flower_url = ""
+
+    # -- layout ---------------------------------------------------------------------
+
+    def _ports(self, first: int) -> dict[str, Any]:
+        path = self.data_dir / "cluster.json"
+        saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        ports: dict[str, Any] = {}
+
+        def pick(key: str, preferred: int | None) -> int:
+            for candidate in (saved.get(key), preferred):
+                if candidate and _port_free(candidate):
+                    return int(candidate)
+            return free_port()
+
+        ports["etcd_client"] = pick("etcd_client", None)
+        # The peer port is baked into etcd's data: keep it even if we must wait for it.
+        ports["etcd_peer"] = saved.get("etcd_peer") or free_port()
+        ports["redis"] = pick("redis", None)
+        ports["flower"] = pick("flower", None)
+        ports["coordinators"] = []
+        for i in range(self.n):
+            prev = (saved.get("coordinators") or [])
+            ports["coordinators"].append(pick(f"c{i}", prev[i] if i < len(prev) else first + i))
+        path.write_text(json.dumps({**saved, **ports,
+                                    **{f"c{i}": p for i, p in enumerate(ports["coordinators"])}}))
+        return ports
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['etcd_client']}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports['redis']}/0"
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.ports["coordinators"]]
+
+    def env(self) -> dict[str, str]:
+        return {"QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
+                "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store,
+                "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1"}
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def _start(self, svc: Service) -> Service:
+        self.services.append(svc)
+        svc.start()
+        return svc
+
+    def start(self) -> LocalCluster:
+        try:
+            self._start(EtcdService("etcd", client_port=self.ports["etcd_client"],
+                                    peer_port=self.ports["etcd_peer"],
+                                    workdir=self.data_dir / "etcd"))
+            self._start(RedisService("redis", port=self.ports["redis"],
+                                     workdir=self.data_dir / "redis"))
+            self._start_coordinators()
+            self._start_workers()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_coordinators(self) -> None:
+        if _package_dir("coordinator") is None:
+            self.notes.append("coordinator package not installed: no coordinators started")
+            return
+        pending = []
+        for i, port in enumerate(self.ports["coordinators"]):
+            zone = f"zone-{chr(ord('a') + i % self.zones)}" if self.zones > 1 else "local"
+            ident = f"coordinator-{i}"
+            endpoint = f"127.0.0.1:{port}"
+            argv = [sys.executable, "-m", "coordinator.main", "--zone", zone, "--id", ident,
+                    "--listen", endpoint, "--etcd", self.etcd_url, "--root", ROOT,
+                    "--spool-dir", str(self.data_dir / "spool" / ident),
+                    "--redis", self.redis_url]
+            svc = Service(ident, argv, env=self.env(), workdir=self.data_dir / "logs" / ident,
+                          probe=lambda e=endpoint: hello_probe(e), ready_timeout=60)
+            svc.endpoint = endpoint  # type: ignore[attr-defined]
+            svc.describe = lambda e=endpoint, z=zone: f"{e} (zone {z})"  # type: ignore[method-assign]
+            self.services.append(svc)
+            self.coordinators.append(svc)
+            svc.start(wait=False)
+            pending.append(svc)
+        for svc in pending:  # start in parallel, then wait for each
+            svc.wait_ready()
+
+    def _start_workers(self) -> None:
+        workers = _package_dir("workers")
+        if workers is None or not (workers / "app.py").exists():
+            self.notes.append("workers package not found: no Celery worker, beat or Flower "
+                              "(fragments stay on coordinator disks)")
+            return
+        queues = ["celery"] + [q for q in ("persist", "index", "pulse") if (workers / f"{q}.py").exists()]
+        env = self.env()
+        self._start(CeleryWorkerService("worker", redis_url=self.redis_url, queues=queues,
+                                        pool="threads", concurrency=4, env=env,
+                                        workdir=self.data_dir / "logs" / "worker"))
+        if "beat_schedule" in (workers / "app.py").read_text():
+            beat_dir = self.data_dir / "logs" / "beat"
+            beat_dir.mkdir(parents=True, exist_ok=True)
+            beat = Service("beat", [sys.executable, "-m", "celery", "-A", "workers.app", "beat",
+                                    "--schedule", str(beat_dir / "schedule"), "--loglevel", "INFO"],
+                           env=env, workdir=beat_dir)
+            beat.describe = lambda: "celery beat (index & pulse sweeps)"  # type: ignore[method-assign]
+            self._start(beat)
+        else:
+            self.notes.append("workers.app has no beat_schedule: celery beat not started")
+        if self.want_flower:
+            port = self.ports["flower"]
+            self.flower_url = f"http://127.0.0.1:{port}/"
+            flower = Service("flower", [sys.executable, "-m", "celery", "-A", "workers.app",
+                                        "flower", f"--port={port}", "--address=127.0.0.1"],
+                             env=env, workdir=self.data_dir / "logs" / "flower",
+                             probe=lambda: _http_ok(self.flower_url), ready_timeout=60)
+            flower.describe = lambda: self.flower_url  # type: ignore[method-assign]
+            self._start(flower)
+
+    def stop(self) -> None:
+        """Stop in reverse start order: writers first, etcd last."""
+        errors = []
+        for svc in reversed(self.services):
+            try:
+                svc.stop()
+            except ServiceError as exc:
+                errors.append(str(exc))
+        self.services.clear()
+        self.coordinators.clear()
+        if errors:
+            raise ServiceError("; ".join(errors))
+
+    def dead(self) -> list[Service]:
+        return [s for s in self.services if not s.running]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"service": s.name, "pid": s.pid, "address": s.describe(),
+                 "log": str(s.log_path)} for s in self.services]
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=1.0) as resp:
+        return resp.status < 500
+
+
+def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
+                   zones: int, port: int, output: str = "table") -> int:
+    """`quire up`: start, print what runs where, wait for Ctrl-C/SIGTERM, stop."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from quire.config import default_data_dir
+
+    console = Console(stderr=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    data = Path(data_dir) if data_dir else Path(__import__("os").environ.get(
+        "QUIRE_DATA_DIR") or default_data_dir())
+    cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
+                           zones=zones, port=port)
+    started = time.monotonic()
+    try:
+        cluster.start()
+        if output == "json":
+            print(json.dumps({"broker": ",".join(cluster.endpoints), "etcd": cluster.etcd_url,
+                              "redis": cluster.redis_url, "store": cluster.store,
+                              "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
+                  flush=True)
+        else:
+            table = Table(title=f"quire is up ({time.monotonic() - started:.1f}s) — data in "
+                                f"{cluster.data_dir}")
+            for col in ("service", "pid", "address", "log"):
+                table.add_column(col, overflow="fold")
+            for row in cluster.rows():
+                table.add_row(row["service"], str(row["pid"]), row["address"], row["log"])
+            Console().print(table)
+            Console().print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
+                            f"{','.join(cluster.endpoints)}\nCtrl-C stops everything.",
+                            highlight=False)
+        for note in cluster.notes:
+            console.print(f"note: {note}", highlight=False)
+        while not stop.wait(0.5):
+            dead = cluster.dead()
+            if dead:
+                console.print(f"error: {', '.join(s.name for s in dead)} exited; stopping "
+                              f"(see {dead[0].log_path})", highlight=False)
+                return 6
+        return 0
+    except ServiceError as exc:
+        console.print(f"error: {' '.join(str(exc).split()[:60])}", highlight=False)
+        return 6
+    finally:
+        console.print("stopping…", highlight=False)
+        try:
+            cluster.stop()
+        except ServiceError as exc:
+            console.print(f"error while stopping: {exc}", highlight=False)

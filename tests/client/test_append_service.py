@@ -1,0 +1,136 @@
+"""AppendService: batching, per-journal order, backpressure, spill and drain."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from quire.client import AppendService, Client, ServiceClosed
+from quire.protocol import errors
+
+from .fakebroker import FakeBroker, running
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_small_appends_are_batched_and_ordered_per_journal() -> None:
+    async with running() as broker:
+        broker.create("a/journal")
+        broker.create("b/journal")
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client) as svc:
+                futures = []
+                for i in range(500):
+                    for journal in ("a/journal", "b/journal"):
+                        futures.append(await svc.append(journal, f"{journal}:{i}\n".encode()))
+                await svc.flush()
+                results = [f.result() for f in futures]
+            for journal in ("a/journal", "b/journal"):
+                lines = bytes(broker.content[journal]).decode().splitlines()
+                assert lines == [f"{journal}:{i}" for i in range(500)]
+            # Far fewer transactions than messages.
+            assert len(broker.appends) < 100
+            # Each message's future names its own span.
+            first = results[0]
+            assert broker.content["a/journal"][first.begin:first.end] == b"a/journal:0\n"
+            last_b = results[-1]
+            assert broker.content["b/journal"][last_b.begin:last_b.end] == b"b/journal:499\n"
+
+
+async def test_batches_respect_max_batch_bytes() -> None:
+    async with running() as broker:
+        broker.create("c/journal")
+        async with Client([broker.endpoint]) as client:
+            svc = AppendService(client, max_batch_bytes=100)
+            for i in range(50):
+                await svc.append("c/journal", b"x" * 9 + b"\n")
+            await svc.close()
+            assert all(len(body) <= 100 for _, body in broker.appends)
+            assert len(broker.content["c/journal"]) == 500
+
+
+async def test_memory_is_bounded_by_backpressure() -> None:
+    async with running() as broker:
+        broker.create("d/journal")
+        async with Client([broker.endpoint]) as client:
+            svc = AppendService(client, max_buffered_bytes=1000, max_batch_bytes=200)
+            peak = 0
+            for _ in range(200):
+                await svc.append("d/journal", b"y" * 49 + b"\n")
+                peak = max(peak, svc.memory)
+            await svc.close()
+            assert peak <= 1000
+            assert len(broker.content["d/journal"]) == 200 * 50
+
+
+async def test_refused_batches_fail_their_futures_and_others_continue() -> None:
+    async with running() as broker:
+        broker.create("ok/journal")
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client) as svc:
+                bad = await svc.append("missing/journal", b"lost\n")
+                good = await svc.append("ok/journal", b"kept\n")
+                await svc.flush()
+            with pytest.raises(errors.JournalNotFound):
+                bad.result()
+            assert good.result().end == 5
+
+
+async def test_spills_while_unreachable_and_drains_in_order(tmp_path) -> None:
+    # Reserve a port, close it: the cluster is "down" until a broker binds it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spill = tmp_path / "spill"
+    client = Client([f"127.0.0.1:{port}"], retry_timeout=0.2, connect_timeout=0.5)
+    svc = AppendService(client, spill_dir=spill, max_buffered_bytes=4096, max_batch_bytes=512,
+                        attempt_timeout=0.2, max_backoff=0.2)
+    futures = [await svc.append("spill/journal", f"m{i:04d}\n".encode()) for i in range(2000)]
+    # 12 KB of messages went through a 4 KB memory budget: the rest is on disk.
+    assert svc.memory <= 4096
+    files = list((spill / "spill%2Fjournal").glob("*.batch"))
+    assert files, "nothing was spilled"
+    assert not any(f.done() for f in futures)
+
+    broker = FakeBroker()
+    broker.create("spill/journal")
+    await broker.start(port)
+    try:
+        await svc.flush(timeout=30)
+        assert all(f.done() and f.exception() is None for f in futures)
+        lines = bytes(broker.content["spill/journal"]).decode().splitlines()
+        assert lines == [f"m{i:04d}" for i in range(2000)]
+        assert not list(spill.rglob("*.batch"))
+    finally:
+        await svc.close()
+        await client.close()
+        await broker.stop()
+
+
+async def test_spilled_batches_survive_a_restart_of_the_writer(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spill = tmp_path / "spill"
+    client = Client([f"127.0.0.1:{port}"], retry_timeout=0.1, connect_timeout=0.5)
+    svc = AppendService(client, spill_dir=spill, attempt_timeout=0.1, max_backoff=0.2)
+    futures = [await svc.append("restart/journal", f"r{i}\n".encode()) for i in range(10)]
+    await asyncio.sleep(0.3)  # let the writer fail once and spill
+    await svc.close(timeout=0.1)
+    await client.close()
+    for f in futures:
+        with pytest.raises(ServiceClosed):
+            f.result()
+    assert list(spill.rglob("*.batch"))
+
+    async with running(port=port) as broker:
+        broker.create("restart/journal")
+        async with Client([broker.endpoint]) as client2:
+            async with AppendService(client2, spill_dir=spill) as svc2:
+                await svc2.append("restart/journal", b"after\n")
+                await svc2.flush(timeout=10)
+        lines = bytes(broker.content["restart/journal"]).decode().splitlines()
+        assert lines == [f"r{i}" for i in range(10)] + ["after"]
+        assert not list(spill.rglob("*.batch"))

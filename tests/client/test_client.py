@@ -1,0 +1,224 @@
+"""Client against an in-process server speaking the wire protocol (see fakebroker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+
+import pytest
+
+from quire.client import Client, SyncClient
+from quire.protocol import JournalSpec, LabelSet, errors
+from quire.protocol.wire import MAX_CHUNK
+
+from .fakebroker import FakeBroker, running
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def closed_port() -> str:
+    # Bind then close: nothing listens there afterwards, so connects are refused.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_append_and_read_roundtrip() -> None:
+    async with running() as broker:
+        broker.create("topic/part-000")
+        async with Client([broker.endpoint]) as client:
+            r1 = await client.append("topic/part-000", b"hello\n")
+            r2 = await client.append("topic/part-000", b"world\n")
+            assert (r1.begin, r1.end, r2.begin, r2.end) == (0, 6, 6, 12)
+            got = [item async for item in client.read("topic/part-000")]
+            assert b"".join(d for _, d in got) == b"hello\nworld\n"
+            # Offsets are contiguous and absolute.
+            assert got[0][0] == 0 and all(a[0] + len(a[1]) == b[0] for a, b in zip(got, got[1:]))
+            tail = [d async for _, d in client.read("topic/part-000", offset=6)]
+            assert b"".join(tail) == b"world\n"
+            assert await client.write_head("topic/part-000") == 12
+
+
+async def test_append_streams_large_bodies_in_chunks() -> None:
+    async with running() as broker:
+        broker.create("big/journal")
+        data = bytes(range(256)) * ((2 * MAX_CHUNK + 1000) // 256)
+
+        async def gen():
+            for i in range(0, len(data), 300_000):
+                yield data[i:i + 300_000]
+
+        async with Client([broker.endpoint]) as client:
+            await client.append("big/journal", io.BytesIO(data))
+            await client.append("big/journal", gen())
+            assert bytes(broker.content["big/journal"]) == data + data
+            # Every chunk frame respected the wire limit (the server would have refused).
+            assert len(broker.appends) == 2
+
+
+async def test_missing_journal_is_a_typed_error_with_status_and_journal() -> None:
+    async with running() as broker:
+        async with Client([broker.endpoint]) as client:
+            with pytest.raises(errors.JournalNotFound) as info:
+                await client.append("no/such", b"x" * (3 * MAX_CHUNK))
+            assert "JOURNAL_NOT_FOUND" in str(info.value) and "no/such" in str(info.value)
+            with pytest.raises(errors.JournalNotFound):
+                [x async for x in client.read("no/such")]
+            with pytest.raises(errors.JournalNotFound):
+                await client.delete("no/such")
+            # The connection survived the early answer and is reused.
+            assert await client.list_journals() == []
+
+
+async def test_route_cache_follows_redirect_to_primary() -> None:
+    async with running(FakeBroker("a")) as a, running(FakeBroker("b")) as b:
+        a.create("routed/journal")
+        b.create("routed/journal")
+        a.redirect_to = b.endpoint  # a claims b is the primary
+        async with Client([a.endpoint]) as client:
+            result = await client.append("routed/journal", b"data")
+            assert result.end == 4
+            assert b.content["routed/journal"] == b"data" and a.content["routed/journal"] == b""
+            # The route learned from b's answer is cached: the next append goes straight to b.
+            assert client.routes.for_append("routed/journal") == b.endpoint
+            a.requests.clear()
+            await client.append("routed/journal", b"more")
+            assert a.requests == []
+            # b stops being primary: WRONG_ROUTE-style refusal invalidates the cache.
+            a.redirect_to, b.redirect_to = None, a.endpoint
+            a.requests.clear()
+            await client.append("routed/journal", b"!")
+            assert a.content["routed/journal"] == b"!"
+
+
+async def test_append_retries_unavailable_answers_and_dead_seeds() -> None:
+    async with running() as broker:
+        broker.create("retry/journal")
+        broker.fail_next_appends = 2
+        async with Client([closed_port(), broker.endpoint], retry_timeout=10) as client:
+            await client.append("retry/journal", b"abc")
+            await client.append("retry/journal", b"def")
+            assert broker.content["retry/journal"] == b"abcdef"
+
+
+async def test_unreachable_cluster_is_unavailable_within_the_deadline() -> None:
+    async with Client([closed_port()], retry_timeout=0.5) as client:
+        with pytest.raises(errors.Unavailable) as info:
+            await client.list_journals()
+        assert info.value.status.name == "UNAVAILABLE"
+        with pytest.raises(errors.Unavailable):
+            await client.append("some/journal", b"x")
+
+
+async def test_explicit_offset_and_wrong_offset() -> None:
+    async with running() as broker:
+        broker.create("off/journal")
+        async with Client([broker.endpoint]) as client:
+            await client.append("off/journal", b"12345", offset=0)
+            await client.append("off/journal", b"678", offset=5)
+            with pytest.raises(errors.WrongAppendOffset):
+                await client.append("off/journal", b"9", offset=3)
+            head = await client.reset_head("off/journal")
+            assert head.begin == 8
+
+
+async def test_blocking_follow_sees_new_appends() -> None:
+    async with running() as broker:
+        broker.create("tail/journal")
+        async with Client([broker.endpoint]) as client:
+            await client.append("tail/journal", b"one\n")
+            seen = bytearray()
+            reader = client.read("tail/journal", follow=True)
+
+            async def consume() -> None:
+                async for _, data in reader:
+                    seen.extend(data)
+                    if seen.endswith(b"two\n"):
+                        return
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.1)
+            await client.append("tail/journal", b"two\n")
+            await asyncio.wait_for(task, 5)
+            await reader.aclose()
+            assert bytes(seen) == b"one\ntwo\n"
+
+
+async def test_end_offset_and_offset_minus_one() -> None:
+    async with running() as broker:
+        broker.create("end/journal")
+        async with Client([broker.endpoint]) as client:
+            await client.append("end/journal", b"0123456789abcdef")
+            part = b"".join([d async for _, d in client.read("end/journal", 3, end_offset=12)])
+            assert part == b"3456789ab"
+            assert [x async for x in client.read("end/journal", -1)] == []
+
+
+async def test_list_apply_delete_fragments_brokers() -> None:
+    async with running() as broker:
+        async with Client([broker.endpoint]) as client:
+            rev = await client.apply([JournalSpec(name="a/one", replication=1,
+                                                  labels=LabelSet.of(topic="a"))])
+            assert rev > 0
+            await client.apply([JournalSpec(name="b/two", replication=1)])
+            names = [e.spec.name for e in await client.list_journals("topic=a")]
+            assert names == ["a/one"]
+            assert len(await client.list_journals()) == 2
+            await client.delete("a/one")
+            assert [e.spec.name for e in await client.list_journals()] == ["b/two"]
+            assert await client.list_fragments("b/two") == []
+            brokers = await client.list_brokers()
+            assert brokers[0].endpoint == broker.endpoint
+
+
+def test_sync_client_facade() -> None:
+    loop = asyncio.new_event_loop()
+    broker = FakeBroker()
+    # The fake broker runs on its own loop thread, the SyncClient on another.
+    import threading
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(5)
+    try:
+        broker.create("sync/journal")
+        with SyncClient([broker.endpoint]) as client:
+            assert client.append("sync/journal", b"abc").end == 3
+            assert client.read_all("sync/journal") == b"abc"
+            assert [e.spec.name for e in client.list_journals()] == ["sync/journal"]
+            with pytest.raises(errors.JournalNotFound):
+                client.append("sync/missing", b"x")
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+async def test_from_store_reads_persisted_fragments_directly(tmp_path) -> None:
+    import hashlib
+
+    from fragment_store import compress, fragment_key
+    from fragment_store.stores import open_store
+
+    from quire.protocol import Codec, Fragment
+
+    store_url = (tmp_path / "store").as_uri() + "/"
+    (tmp_path / "store").mkdir()
+    old = b"".join(b'{"old": %d}\n' % i for i in range(100))
+    frag = Fragment(journal="stored/journal", begin=0, end=len(old),
+                    sum=hashlib.sha1(old).hexdigest(), codec=Codec.GZIP, backing_store=store_url)
+    store = open_store(store_url)
+    store.put(fragment_key(frag), compress(Codec.GZIP, old))
+    async with running() as broker:
+        broker.create("stored/journal")
+        broker.content["stored/journal"] += old + b'{"new": 1}\n'
+        broker.persisted["stored/journal"] = [(frag, store_url + fragment_key(frag))]
+        async with Client([broker.endpoint]) as client:
+            reader = client.read("stored/journal", offset=5, from_store=True)
+            data = b"".join([d async for _, d in reader])
+            assert data == (old + b'{"new": 1}\n')[5:]
+            # The persisted span came from the store: the broker streamed none of it, and
+            # the client's second Read started where the stored fragment ended.
+            requests = [r for r in broker.requests if type(r).__name__ == "ReadRequest"]
+            assert requests[0].do_not_proxy and requests[-1].offset == len(old)
