@@ -48,7 +48,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/ </dev/null
 
 run: install
-	$(PY) -m quire.services.demo </dev/null
+	$(VENV)/bin/quire demo </dev/null
 
 bench: install
 	$(VENV)/bin/quire bench --quick
