@@ -171,7 +171,7 @@ class Service:
 
     def build_argv(self) -> list[str]:
         if self._argv is None:
-            raise NotImplementedError(f"{type(self).__name__} needs argv or build_argv()")
+            raise TypeError(f"{type(self).__name__} needs argv or an override of build_argv()")
         return list(self._argv)
 
     def build_env(self) -> dict[str, str]:

@@ -159,7 +159,7 @@ def test_s3_store_config_and_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUIRE_S3_ENDPOINT", "https://minio.example:9000")
     st = S3Store("s3://my-bucket/")
     assert (st.endpoint, st.secure, st.prefix) == ("minio.example:9000", True, "")
-    assert S3Store("s3://my-bucket/", endpoint="10.0.0.1:9000", secure=False).endpoint == "10.0.0.1:9000"
+    assert S3Store("s3://my-bucket/", endpoint="127.0.0.9:9000", secure=False).endpoint == "127.0.0.9:9000"
     with pytest.raises(ValidationError):
         S3Store("s3://Bad_Bucket/")
 
