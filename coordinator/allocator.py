@@ -1,0 +1,234 @@
+"""Allocator: leader election and the etcd adapter around the pure planner.
+
+Election: `<root>/allocator/leader` is created only if absent, holding our ProcessId under
+our *member* lease. Exactly one key can exist, so there is exactly one leader; when the
+leader dies its lease expires, the key vanishes with its member key and assignments, and
+every other member's KeySpace sees the deletion and races to create it again.
+
+Leading: on each keyspace change (debounced, so a burst of events costs one pass) the
+leader snapshots the KeySpace, plans, and applies the changes in transactions of at most
+MAX_TXN_OPS operations. Each transaction carries a journal's changes whole and compares:
+the leader key is still ours; the journal spec is unchanged (or still absent, to drop a
+deleted journal's assignments); every assignment of the journal is at the revision the
+plan saw (the consistency decision depended on all of them); new keys are absent; and
+an assignee's member key is unchanged. New and moved assignments are written under the
+ASSIGNEE's lease, so they vanish when that member dies. A failed compare is not an error:
+the plan was stale, and the next pass plans again from a newer mirror.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aetcd
+import msgspec
+import structlog
+
+from quire.protocol import ProcessId
+
+from . import allocator_plan as ap
+from .assignments import is_consistent
+from .etcd import (
+    EtcdError,
+    NotLeader,
+    assignment_key,
+    cmp_create,
+    cmp_mod,
+    cmp_value,
+    cmp_version,
+    delete_op,
+    journal_key,
+    leader_key,
+    member_key,
+    put_op,
+    txn,
+)
+from .keyspace import Assignment, KeySpace
+
+__all__ = ["Allocator", "snapshot"]
+
+log = structlog.get_logger()
+
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops, for both compares and operations
+EMPTY_ROUTE = b"{}"
+
+
+def snapshot(keyspace: KeySpace) -> ap.AllocState:
+    """The planner's view of the mirror."""
+    journals = {name: ap.JournalState(name, e.spec.desired_replication())
+                for name, e in keyspace.journals.items()}
+    members = {pid: ap.MemberState(pid, e.spec.journal_limit, e.spec.exiting)
+               for pid, e in keyspace.members.items()}
+    assignments = tuple(ap.AssignState(a.journal, a.member, a.slot, synced=a.value is not None,
+                                       mod_revision=a.mod_revision)
+                        for a in keyspace.all_assignments())
+    consistent = frozenset(j for j in {a.journal for a in assignments}
+                           if is_consistent(keyspace.assignments(j)))
+    return ap.AllocState(journals, members, assignments, consistent)
+
+
+class Allocator:
+    def __init__(self, client: aetcd.Client, keyspace: KeySpace, me: ProcessId, root: str,
+                 *, debounce: float = 0.03, idle_check: float = 5.0) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.me = me
+        self.root = root.rstrip("/")
+        self.debounce = debounce
+        self.idle_check = idle_check
+        self._leader_create_revision = 0
+        self.elected = asyncio.Event()
+        """Set once this allocator has won (or adopted) the leader key."""
+        self.passes = 0
+        """Completed leader passes that applied changes (for tests and metrics)."""
+
+    @property
+    def is_leader(self) -> bool:
+        leader = self.keyspace.leader
+        return (self._leader_create_revision > 0 and leader is not None
+                and leader.member == self.me and leader.create_revision == self._leader_create_revision)
+
+    async def run(self) -> None:
+        """Run until cancelled. Cancel-safe: a cancelled pass leaves etcd consistent,
+        because each transaction is atomic and the next leader replans from scratch."""
+        while True:
+            seen = self.keyspace.changed_revision
+            try:
+                if await self._elect():
+                    await self.step()
+            except asyncio.CancelledError:
+                raise
+            except (EtcdError, NotLeader) as exc:
+                log.warning("allocator pass failed", member=str(self.me), error=str(exc))
+            except Exception:  # noqa: BLE001 - a bug in one pass must not kill the member
+                log.exception("allocator pass crashed", member=str(self.me))
+            # A bounded wait: if a change arrived while we were busy we loop at once; the
+            # idle check covers a lost wake-up (it costs one snapshot, no etcd call).
+            await self.keyspace.wait_changed(seen, timeout=self.idle_check)
+            await asyncio.sleep(self.debounce)
+
+    async def _elect(self) -> bool:
+        if self.is_leader:
+            return True
+        leader = self.keyspace.leader
+        me_entry = self.keyspace.members.get(self.me)
+        if me_entry is None:
+            return False  # not announced yet (or our lease is gone): we cannot hold the key
+        if leader is not None:
+            if leader.member == self.me and leader.lease == me_entry.lease:
+                # Ours from before (this task restarted): adopt it.
+                self._leader_create_revision = leader.create_revision
+                self.elected.set()
+                return True
+            return False
+        key = leader_key(self.root)
+        result = await txn(self.client, [cmp_version(key, 0)],
+                           [put_op(key, str(self.me).encode(), me_entry.lease)])
+        if not result.succeeded:
+            return False
+        self._leader_create_revision = result.revision
+        self.elected.set()
+        await self.keyspace.wait_for_revision(result.revision, timeout=5.0)
+        log.info("allocator leader elected", member=str(self.me), revision=result.revision)
+        return True
+
+    async def step(self) -> int:
+        """One leader pass: snapshot, plan, apply. Returns the number of changes applied."""
+        ks = self.keyspace
+        changes = ap.plan(snapshot(ks))
+        if not changes:
+            return 0
+        applied, last_revision = 0, 0
+        for batch in self._batches(changes):
+            compares, ops = self._guards(batch), self._ops(batch)
+            try:
+                result = await txn(self.client, compares, ops)
+            except EtcdError as exc:
+                # Typically an assignee's lease expired under us; the mirror will show it.
+                log.info("allocator txn refused", error=str(exc), changes=len(batch))
+                continue
+            last_revision = max(last_revision, result.revision)
+            if not result.succeeded:
+                log.debug("allocator txn stale", revision=result.revision, changes=len(batch))
+                continue
+            applied += len(batch)
+        if last_revision:
+            # Read our own writes before the next pass, or we would plan from stale state.
+            await ks.wait_for_revision(last_revision, timeout=5.0)
+        if applied:
+            self.passes += 1
+            log.info("allocator applied changes", member=str(self.me), changes=applied,
+                     revision=last_revision)
+        return applied
+
+    # -- building transactions -----------------------------------------------------------
+
+    def _batches(self, changes: list[ap.Change]) -> list[list[ap.Change]]:
+        """Changes grouped per journal (never split), packed into bounded transactions."""
+        groups: dict[str, list[ap.Change]] = {}
+        for c in changes:
+            groups.setdefault(c.journal, []).append(c)
+        batches: list[list[ap.Change]] = []
+        current: list[ap.Change] = []
+        cost = 0
+        for journal in sorted(groups):
+            group = groups[journal]
+            group_cost = len(group) * 2 + len(self.keyspace.assignments(journal)) + 2
+            if current and cost + group_cost > MAX_TXN_OPS - 1:
+                batches.append(current)
+                current, cost = [], 0
+            current.extend(group)
+            cost += group_cost
+        if current:
+            batches.append(current)
+        return batches
+
+    def _guards(self, batch: list[ap.Change]) -> list[Any]:
+        ks = self.keyspace
+        compares = [cmp_value(leader_key(self.root), str(self.me).encode()),
+                    cmp_create(leader_key(self.root), self._leader_create_revision)]
+        for journal in sorted({c.journal for c in batch}):
+            entry = ks.journals.get(journal)
+            if entry is None:
+                compares.append(cmp_version(journal_key(self.root, journal), 0))
+            else:
+                compares.append(cmp_mod(journal_key(self.root, journal), entry.mod_revision))
+            for a in ks.assignments(journal):
+                compares.append(cmp_mod(self._key(a.journal, a.member, a.slot), a.mod_revision))
+        for c in batch:
+            if isinstance(c, ap.Add):
+                compares.append(cmp_version(self._key(c.journal, c.member, c.slot), 0))
+            elif isinstance(c, ap.ChangeSlot):
+                compares.append(cmp_version(self._key(c.journal, c.member, c.to_slot), 0))
+            if isinstance(c, (ap.Add, ap.ChangeSlot)):
+                m = ks.members[c.member]
+                compares.append(cmp_mod(member_key(self.root, c.member), m.mod_revision))
+        return compares
+
+    def _ops(self, batch: list[ap.Change]) -> list[Any]:
+        ks = self.keyspace
+        ops = []
+        for c in batch:
+            if isinstance(c, ap.Add):
+                ops.append(put_op(self._key(c.journal, c.member, c.slot), EMPTY_ROUTE,
+                                  ks.members[c.member].lease))
+            elif isinstance(c, ap.Remove):
+                ops.append(delete_op(self._key(c.journal, c.member, c.slot)))
+            else:
+                old = self._find(c.journal, c.member, c.from_slot)
+                value = old.value if old is not None else None
+                ops.append(delete_op(self._key(c.journal, c.member, c.from_slot)))
+                # The value moves with the assignment: it records that this member took
+                # part in the last advertised route, which makes it a valid primary.
+                encoded = msgspec.json.encode(value) if value is not None else EMPTY_ROUTE
+                ops.append(put_op(self._key(c.journal, c.member, c.to_slot), encoded,
+                                  ks.members[c.member].lease))
+        return ops
+
+    def _find(self, journal: str, member: ProcessId, slot: int) -> Assignment | None:
+        return next((a for a in self.keyspace.assignments(journal)
+                     if a.member == member and a.slot == slot), None)
+
+    def _key(self, journal: str, member: ProcessId, slot: int) -> str:
+        return assignment_key(self.root, journal, member, slot)

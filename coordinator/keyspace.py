@@ -1,0 +1,344 @@
+"""KeySpace: a local mirror of everything under `<root>/`, kept current by an etcd watch.
+
+Theory of operation (Gazette's keyspace/key_space.go):
+
+- `async with KeySpace(client, root)` loads the prefix with one range read (its header
+  revision is the mirror's revision) and then watches from revision + 1 in a task the
+  KeySpace owns. Each watch response is applied as one batch, so a multi-key transaction
+  is never seen half-applied; `revision` is the header revision of the last response.
+- A compacted start revision, a cancelled watch or a broken stream (etcd restarted, the
+  connection dropped) ends the watch; the KeySpace then re-lists the prefix and watches
+  again, with bounded exponential backoff. A re-list replaces the mirror atomically.
+- `wait_for_revision` serves peers that saw a later revision (route headers). The
+  revision may belong to a write outside our prefix that no event will ever announce,
+  so it also reads the prefix's keys and mod revisions: when they match the mirror, the
+  mirror is complete through that read's revision (see `_catch_up`).
+- Values that fail to decode are logged and skipped: one bad key must not blind a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aetcd
+import msgspec
+import structlog
+from aetcd import rpc
+
+from quire.protocol import Etcd, JournalSpec, ProcessId, Route
+
+from .etcd import (
+    MalformedKey,
+    assign_prefix,
+    journals_prefix,
+    leader_key,
+    members_prefix,
+    parse_assignment_key,
+    parse_journal_key,
+    parse_member_key,
+    prefix_end,
+)
+from .membership import BrokerSpec
+
+__all__ = ["Assignment", "BrokerSpec", "JournalEntry", "KeySpace", "LeaderEntry", "MemberEntry"]
+
+log = structlog.get_logger()
+
+MAX_BACKOFF = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    spec: JournalSpec
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEntry:
+    spec: BrokerSpec
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    journal: str
+    member: ProcessId
+    slot: int
+    value: Route | None
+    """The route the primary advertised into this assignment; None until it did."""
+    mod_revision: int
+    create_revision: int
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderEntry:
+    member: ProcessId
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+class _WatchEnded(Exception):
+    """The watch stream ended; `relist` says whether resuming is impossible."""
+
+
+class KeySpace:
+    def __init__(self, client: aetcd.Client, root: str) -> None:
+        self._client = client
+        self.root = root.rstrip("/")
+        self._prefix = (self.root + "/").encode()
+        self.revision = 0
+        """Revision through which the mirror is complete."""
+        self.changed_revision = 0
+        """Revision of the last batch that changed content (progress does not count)."""
+        self.etcd = Etcd()
+        """cluster/member ids and raft term from the last header, for route headers."""
+        self.journals: dict[str, JournalEntry] = {}
+        self.members: dict[ProcessId, MemberEntry] = {}
+        self.leader: LeaderEntry | None = None
+        self._assign: dict[str, dict[tuple[ProcessId, int], Assignment]] = {}
+        self.on_change: list[Callable[[KeySpace], None]] = []
+        """Sync callbacks run after every applied batch that changed content."""
+        self._applied = asyncio.Event()
+        """Replaced (after being set) on every applied batch: a broadcast without a lock."""
+        self._task: asyncio.Task[None] | None = None
+        self._mods: dict[bytes, int] = {}
+        """Every key under the prefix (decodable or not) -> its ModRevision."""
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def assignments(self, journal: str) -> list[Assignment]:
+        """A journal's assignments sorted by slot (then member)."""
+        return sorted(self._assign.get(journal, {}).values(), key=lambda a: (a.slot, a.member))
+
+    def assignments_of(self, member: ProcessId) -> list[Assignment]:
+        return sorted((a for by in self._assign.values() for a in by.values() if a.member == member),
+                      key=lambda a: (a.journal, a.slot))
+
+    def all_assignments(self) -> list[Assignment]:
+        return [a for j in sorted(self._assign) for a in self.assignments(j)]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> KeySpace:
+        await self._load()
+        self._task = asyncio.create_task(self._run(), name=f"keyspace-{self.root}")
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def wait_for_revision(self, revision: int, timeout: float) -> bool:
+        """Wait until the mirror is complete through `revision`; False on timeout."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # races with completion, which left shutting-down members hanging.
+        try:
+            async with asyncio.timeout(timeout):
+                while self.revision < revision:
+                    try:
+                        await self._catch_up()
+                    except aetcd.exceptions.ClientError:
+                        pass  # etcd unreachable: the watch's events may still arrive
+                    if self.revision >= revision:
+                        break
+                    # Events for our prefix are in flight; re-check after the next batch,
+                    # or after a short while (the write may be outside our prefix).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.2):
+                            await self._applied.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _catch_up(self) -> None:
+        """Advance `revision` to etcd's current one if nothing under our prefix changed.
+
+        The revision may belong to a write outside our prefix that no event announces.
+        etcd 3.4's progress notifications can run ahead of a catching-up watcher's
+        events, so instead we read the prefix's keys and mod revisions: if they match
+        the mirror exactly, the mirror is complete through the read's revision.
+        """
+        resp = await self._client.get_prefix(self._prefix, keys_only=True)
+        current = {kv.key: kv.mod_revision for kv in resp.kvs}
+        if resp.header.revision > self.revision and current == self._mods:
+            self.revision = resp.header.revision
+            self._notify(changed=False)
+
+    async def wait_changed(self, after_revision: int, timeout: float) -> bool:
+        """Wait for a content change at a revision > `after_revision`; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.changed_revision <= after_revision:
+                    await self._applied.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # -- loading and watching ---------------------------------------------------------------
+
+    async def _load(self) -> None:
+        resp = await self._client.get_prefix(self._prefix)
+        journals: dict[str, JournalEntry] = {}
+        members: dict[ProcessId, MemberEntry] = {}
+        assign: dict[str, dict[tuple[ProcessId, int], Assignment]] = {}
+        self.leader = None
+        for kv in resp.kvs:
+            self._put(kv, journals, members, assign)
+        self._mods = {kv.key: kv.mod_revision for kv in resp.kvs}
+        self.journals, self.members, self._assign = journals, members, assign
+        self._set_header(resp.header)
+        self.revision = resp.header.revision
+        self._notify(changed=True)
+        log.debug("keyspace loaded", root=self.root, revision=self.revision,
+                  journals=len(journals), members=len(members))
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            started = time.monotonic()
+            try:
+                await self._watch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure leads to a re-list
+                log.warning("keyspace watch lost; re-listing", root=self.root,
+                            revision=self.revision, error=repr(exc), backoff=backoff)
+            # A watch that dies at once (etcd flapping) must not spin re-listing it.
+            backoff = 0.05 if time.monotonic() - started > 5.0 else min(backoff * 2, MAX_BACKOFF)
+            await asyncio.sleep(backoff)
+            try:
+                await self._load()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd still down: back off and retry
+                log.warning("keyspace re-list failed", root=self.root, error=repr(exc))
+                backoff = min(backoff * 2, MAX_BACKOFF)
+
+    async def _watch(self) -> None:
+        await self._client.connect()
+        requests: asyncio.Queue[Any] = asyncio.Queue()
+        create = rpc.WatchCreateRequest(key=self._prefix, range_end=prefix_end(self._prefix),
+                                        start_revision=self.revision + 1)
+        requests.put_nowait(rpc.WatchRequest(create_request=create))
+
+        async def outgoing() -> Any:
+            while True:
+                yield await requests.get()
+
+        call = rpc.WatchStub(self._client.channel).Watch(outgoing(), metadata=self._client.metadata)
+        try:
+            async for resp in call:
+                if resp.compact_revision:
+                    raise _WatchEnded(f"compacted at {resp.compact_revision}")
+                if resp.canceled:
+                    raise _WatchEnded(f"watch cancelled: {resp.cancel_reason}")
+                if resp.created or not resp.events:
+                    continue  # only event batches say the mirror is complete through a revision
+                changed = False
+                for ev in resp.events:
+                    if ev.type == rpc.Event.PUT:
+                        self._mods[ev.kv.key] = ev.kv.mod_revision
+                    else:
+                        self._mods.pop(ev.kv.key, None)
+                    changed |= self._apply(ev)
+                self._set_header(resp.header)
+                self.revision = max(self.revision, resp.header.revision)
+                self._notify(changed)
+            raise _WatchEnded("watch stream closed by etcd")
+        finally:
+            call.cancel()
+
+    def _set_header(self, header: Any) -> None:
+        self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,
+                         revision=header.revision, raft_term=header.raft_term)
+
+    def _notify(self, changed: bool) -> None:
+        if changed:
+            self.changed_revision = self.revision
+            for callback in list(self.on_change):
+                try:
+                    callback(self)
+                except Exception:  # noqa: BLE001 - a callback must not stop the mirror
+                    log.exception("keyspace on_change callback failed", root=self.root)
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def _apply(self, ev: Any) -> bool:
+        if ev.type == rpc.Event.PUT:
+            return self._put(ev.kv, self.journals, self.members, self._assign)
+        return self._delete(ev.kv.key.decode(errors="replace"))
+
+    def _put(self, kv: Any, journals: dict[str, JournalEntry],
+             members: dict[ProcessId, MemberEntry],
+             assign: dict[str, dict[tuple[ProcessId, int], Assignment]]) -> bool:
+        key = kv.key.decode(errors="replace")
+        try:
+            if key.startswith(journals_prefix(self.root)):
+                name = parse_journal_key(self.root, key)
+                spec = msgspec.json.decode(kv.value, type=JournalSpec)
+                if spec.name != name:
+                    raise MalformedKey(f"spec name {spec.name!r} differs from its key")
+                journals[name] = JournalEntry(spec, kv.mod_revision, kv.create_revision)
+            elif key.startswith(members_prefix(self.root)):
+                pid = parse_member_key(self.root, key)
+                bspec = msgspec.json.decode(kv.value, type=BrokerSpec)
+                if bspec.id != pid:
+                    raise MalformedKey(f"member id {bspec.id} differs from its key")
+                members[pid] = MemberEntry(bspec, kv.mod_revision, kv.create_revision, kv.lease)
+            elif key.startswith(assign_prefix(self.root)):
+                journal, pid, slot = parse_assignment_key(self.root, key)
+                route = msgspec.json.decode(kv.value, type=Route) if kv.value.strip() else None
+                value = route if route is not None and route.members else None
+                assign.setdefault(journal, {})[(pid, slot)] = Assignment(
+                    journal, pid, slot, value, kv.mod_revision, kv.create_revision, kv.lease)
+            elif key == leader_key(self.root):
+                self.leader = LeaderEntry(ProcessId.parse(kv.value.decode()), kv.mod_revision,
+                                          kv.create_revision, kv.lease)
+            else:
+                return False
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, UnicodeDecodeError) as exc:
+            log.warning("skipping malformed etcd value", key=key, error=str(exc))
+            # A bad value replaces a good one: drop the stale entry rather than trust it.
+            return self._delete(key)
+        return True
+
+    def _delete(self, key: str) -> bool:
+        try:
+            if key.startswith(journals_prefix(self.root)):
+                return self.journals.pop(parse_journal_key(self.root, key), None) is not None
+            if key.startswith(members_prefix(self.root)):
+                return self.members.pop(parse_member_key(self.root, key), None) is not None
+            if key.startswith(assign_prefix(self.root)):
+                journal, pid, slot = parse_assignment_key(self.root, key)
+                by = self._assign.get(journal, {})
+                gone = by.pop((pid, slot), None) is not None
+                if not by:
+                    self._assign.pop(journal, None)
+                return gone
+            if key == leader_key(self.root):
+                self.leader = None
+                return True
+        except MalformedKey:
+            return False
+        return False

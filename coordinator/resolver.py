@@ -1,0 +1,80 @@
+"""Resolver: a journal's spec, route and primary as of the local KeySpace (resolver.go).
+
+Every RPC starts here. A request carrying a later etcd revision (a peer's header, or a
+client's min_etcd_revision) first waits for the KeySpace to reach it, boundedly: a peer
+that is ahead must not make us answer from an older topology.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quire.protocol import Etcd, Header, JournalSpec, ProcessId, Route, Status
+
+from .assignments import route_of, with_endpoints
+from .keyspace import Assignment, KeySpace
+
+__all__ = ["Resolution", "Resolver"]
+
+DEFAULT_REVISION_WAIT = 10.0
+
+
+@dataclass(frozen=True)
+class Resolution:
+    status: Status
+    header: Header
+    spec: JournalSpec | None = None
+    route: Route = Route()
+    assignments: list[Assignment] = field(default_factory=list)
+    is_primary: bool = False
+    is_member: bool = False
+
+    @property
+    def primary_endpoint(self) -> str | None:
+        return self.route.primary_endpoint
+
+    @property
+    def revision(self) -> int:
+        return self.header.etcd.revision
+
+
+class Resolver:
+    def __init__(self, keyspace: KeySpace, me: ProcessId | None,
+                 *, revision_wait: float = DEFAULT_REVISION_WAIT) -> None:
+        self.keyspace = keyspace
+        self.me = me
+        self.revision_wait = revision_wait
+
+    async def resolve(self, journal: str, *, min_revision: int = 0,
+                      require_primary: bool = False) -> Resolution:
+        ks = self.keyspace
+        if min_revision > ks.revision:
+            if not await ks.wait_for_revision(min_revision, self.revision_wait):
+                return Resolution(Status.UNAVAILABLE, self._header(Route()))
+        return self.resolve_now(journal, require_primary=require_primary)
+
+    def resolve_now(self, journal: str, *, require_primary: bool = False) -> Resolution:
+        """Resolve against the mirror as it is (no waiting)."""
+        ks = self.keyspace
+        entry = ks.journals.get(journal)
+        if entry is None:
+            return Resolution(Status.JOURNAL_NOT_FOUND, self._header(Route()))
+        assignments = ks.assignments(journal)
+        endpoints = {pid: m.spec.endpoint for pid, m in ks.members.items()}
+        route = with_endpoints(route_of(assignments), endpoints)
+        header = self._header(route)
+        is_member = self.me is not None and route.index_of(self.me) >= 0
+        is_primary = self.me is not None and route.primary_id == self.me
+        if not route.members:
+            status = Status.INSUFFICIENT_JOURNAL_BROKERS
+        elif require_primary and route.primary < 0:
+            status = Status.NO_JOURNAL_PRIMARY_BROKER
+        else:
+            status = Status.OK
+        return Resolution(status, header, entry.spec, route, assignments, is_primary, is_member)
+
+    def _header(self, route: Route) -> Header:
+        etcd = self.keyspace.etcd
+        return Header(process_id=self.me, route=route,
+                      etcd=Etcd(cluster_id=etcd.cluster_id, member_id=etcd.member_id,
+                                revision=self.keyspace.revision, raft_term=etcd.raft_term))

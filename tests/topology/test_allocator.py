@@ -1,0 +1,218 @@
+"""The allocator against real etcd: election in-process, then member processes.
+
+The member processes are `python -m coordinator.topology_member --advertise`: as slot 0
+of a journal they advertise its route, standing in for a primary's pipeline sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import aetcd
+import pytest
+
+from coordinator.allocator import Allocator
+from coordinator.assignments import is_consistent
+from coordinator.keyspace import KeySpace
+from coordinator.membership import BrokerSpec, Membership
+from coordinator.specs import apply_specs
+from quire.protocol import JournalSpec, ProcessId
+from quire.protocol.messages import ApplyChange
+
+from .conftest import Member, wait_until
+
+TTL = 3.0
+
+
+async def add_journals(client: aetcd.Client, root: str, n: int, replication: int = 3) -> list[str]:
+    names = [f"logs/part-{i:03d}" for i in range(n)]
+    await apply_specs(client, root, [ApplyChange(upsert=JournalSpec(name=n_, replication=replication))
+                                     for n_ in names])
+    return names
+
+
+def describe(ks: KeySpace, journals: list[str]) -> str:
+    """The topology and the plan the leader would make now (for failure messages)."""
+    from coordinator.allocator import snapshot
+    from coordinator.allocator_plan import plan
+
+    lines = [f"leader={ks.leader.member if ks.leader else None} members="
+             f"{sorted((str(p), m.spec.exiting) for p, m in ks.members.items())}"]
+    for j in journals:
+        lines.append(f"  {j}: " + ", ".join(
+            f"{a.member}#{a.slot}{'' if a.value is None else '+'}" for a in ks.assignments(j))
+            + f" consistent={is_consistent(ks.assignments(j))}")
+    lines.append(f"  plan: {plan(snapshot(ks))}")
+    return "\n".join(lines)
+
+
+def placement_ok(ks: KeySpace, journals: list[str], replication: int) -> bool:
+    """Every journal fully placed on live non-exiting members, one primary, consistent,
+    loads within one of each other, spread over two zones when there are two."""
+    live = {p for p, m in ks.members.items() if not m.spec.exiting}
+    want = min(replication, len(live))
+    zones = {p.zone for p in live}
+    for j in journals:
+        a = ks.assignments(j)
+        if len(a) != want or sum(x.slot == 0 for x in a) != 1 or not is_consistent(a):
+            return False
+        if any(x.member not in live for x in a):
+            return False
+        if len({x.member.zone for x in a}) < min(2, len(zones), want):
+            return False
+    loads = Counter(a.member for j in journals for a in ks.assignments(j))
+    counts = [loads.get(p, 0) for p in live]
+    return max(counts) - min(counts) <= 1
+
+
+# -- in-process: election -----------------------------------------------------------------
+
+async def first_elected(allocs: list[Allocator]) -> None:
+    waits = [asyncio.create_task(a.elected.wait()) for a in allocs]
+    try:
+        async with asyncio.timeout(10):
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def test_exactly_one_leader_and_failover_of_leadership(client: aetcd.Client,
+                                                             etcd_root: str) -> None:
+    pids = [ProcessId("a", f"broker-{i}") for i in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        ks = await stack.enter_async_context(KeySpace(client, etcd_root))
+        allocs, tasks, memberships = [], [], []
+        for p in pids:
+            m = await stack.enter_async_context(Membership(client, etcd_root, BrokerSpec(id=p), ttl=5))
+            memberships.append(m)
+        # Each allocator has its own mirror, as each process would.
+        for p in pids:
+            own = await stack.enter_async_context(KeySpace(client, etcd_root))
+            a = Allocator(client, own, p, etcd_root)
+            allocs.append(a)
+            tasks.append(asyncio.create_task(a.run()))
+        try:
+            await first_elected(allocs)
+            first = next(a.me for a in allocs if a.elected.is_set())
+            await wait_until(ks, lambda: ks.leader is not None, 10, "a leader")
+            assert ks.leader.member == first
+            for a in allocs:  # is_leader also needs the allocator's own mirror to show it
+                await a.keyspace.wait_for_revision(ks.revision, 5)
+            assert sum(a.is_leader for a in allocs) == 1
+            # The leader dies: its lease goes, and with it the leader key.
+            i = pids.index(first)
+            tasks[i].cancel()
+            await memberships[i].__aexit__(None, None, None)
+            survivors = [a for a in allocs if a.me != first]
+            await first_elected(survivors)
+            await wait_until(ks, lambda: ks.leader is not None and ks.leader.member != first,
+                             10, "a new leader")
+            for a in survivors:
+                await a.keyspace.wait_for_revision(ks.revision, 5)
+            assert sum(a.is_leader for a in survivors) == 1
+            assert sum(a.elected.is_set() for a in survivors) == 1
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# -- member processes ---------------------------------------------------------------------
+
+async def start(*ms: Member) -> None:
+    await asyncio.gather(*(asyncio.to_thread(m.start) for m in ms))
+
+
+async def test_member_at_its_limit_gets_no_more(client: aetcd.Client, etcd_root: str,
+                                                members: Callable[..., Member]) -> None:
+    journals = await add_journals(client, etcd_root, 6, replication=2)
+    small, big = members("a", "member-1", limit=2), members("a", "member-2", limit=100)
+    async with KeySpace(client, etcd_root) as ks:
+        await start(small, big)
+        small_id, big_id = ProcessId("a", "member-1"), ProcessId("a", "member-2")
+
+        def settled() -> bool:
+            # 6 journals x 2 replicas need 12 slots; small offers 2, so 4 journals run
+            # on big alone rather than push small past its limit.
+            return (all(is_consistent(ks.assignments(j)) for j in journals)
+                    and len(ks.assignments_of(big_id)) == 6
+                    and len(ks.assignments_of(small_id)) == 2)
+        await wait_until(ks, settled, 30, "placement")
+        # More journals: the full member still gets none of them.
+        more = [f"logs/more-{i}" for i in range(3)]
+        await apply_specs(client, etcd_root, [ApplyChange(upsert=JournalSpec(name=n, replication=2))
+                                              for n in more])
+        await wait_until(ks, lambda: all(ks.assignments(j) for j in more)
+                         and all(is_consistent(ks.assignments(j)) for j in more), 30)
+        assert len(ks.assignments_of(small_id)) == 2
+        assert all([a.member for a in ks.assignments(j)] == [big_id] for j in more)
+
+
+async def test_grow_kill_and_rolling_restart(client: aetcd.Client, etcd_root: str,
+                                             members: Callable[..., Member]) -> None:
+    R = 3
+    journals = await add_journals(client, etcd_root, 12, replication=R)
+    zones = ["a", "b", "a", "b", "c"]
+    ms = [members(z, f"member-{i}", ttl=TTL) for i, z in enumerate(zones)]
+    floor: dict[str, int] = {}  # lowest count of synced replicas seen, once first fully placed
+
+    async with KeySpace(client, etcd_root) as ks:
+        def watch_floor(k: KeySpace) -> None:
+            for j in journals:
+                synced = sum(a.value is not None for a in k.assignments(j))
+                if j in floor:
+                    floor[j] = min(floor[j], synced)
+                elif synced >= R:
+                    floor[j] = synced
+
+        # 1 -> 3 -> 5 members, each stage fully placed, consistent and balanced.
+        for stage in (ms[:1], ms[1:3], ms[3:]):
+            t = time.monotonic()
+            await start(*stage)
+            print(f"stage started in {time.monotonic() - t:.2f}s")
+            try:
+                await wait_until(ks, lambda: placement_ok(ks, journals, R), 45, "placement")
+            except AssertionError:
+                raise AssertionError(describe(ks, journals)) from None
+        ks.on_change.append(watch_floor)
+        watch_floor(ks)
+
+        # kill -9 of a member that leads journals: its assignments move, primaries first.
+        victim = max(ms, key=lambda m: sum(a.slot == 0 for a in ks.assignments_of(ProcessId(m.zone, m.suffix))))
+        vid = ProcessId(victim.zone, victim.suffix)
+        led = [a.journal for a in ks.assignments_of(vid) if a.slot == 0]
+        assert led
+        t0 = time.monotonic()
+        await asyncio.to_thread(victim.kill)
+
+        def new_primaries() -> bool:
+            return all(any(a.slot == 0 and a.member != vid for a in ks.assignments(j)) for j in led)
+        await wait_until(ks, new_primaries, TTL + 10, "new primaries")
+        failover = time.monotonic() - t0
+        await wait_until(ks, lambda: placement_ok(ks, journals, R), 45, "re-placement")
+        replaced = time.monotonic() - t0
+        print(f"\nfailover: ttl={TTL}s new-primary={failover:.2f}s fully-replaced={replaced:.2f}s "
+              f"journals-led={len(led)}")
+        assert failover < TTL + 5
+        floor.clear()
+        watch_floor(ks)
+
+        # The killed member comes back, then a rolling restart of all five, one at a time.
+        await start(victim)
+        await wait_until(ks, lambda: placement_ok(ks, journals, R), 45, "victim back")
+        for m in ms:
+            t = time.monotonic()
+            await asyncio.to_thread(m.stop)  # SIGTERM: exiting -> drained -> lease revoked
+            t_stop = time.monotonic() - t
+            await wait_until(ks, lambda: ProcessId(m.zone, m.suffix) not in ks.members, 10)
+            await start(m)
+            t_start = time.monotonic() - t
+            await wait_until(ks, lambda: placement_ok(ks, journals, R), 45, f"{m.name} back")
+            print(f"restart {m.name}: stopped {t_stop:.2f}s started {t_start:.2f}s "
+                  f"placed {time.monotonic() - t:.2f}s")
+        assert min(floor.values()) >= R - 1, floor

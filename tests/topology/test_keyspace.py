@@ -1,0 +1,199 @@
+"""KeySpace mirror, Membership, Resolver and route advertisement against a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aetcd
+import msgspec
+import pytest
+
+from coordinator.assignments import advertise_route, is_consistent, route_of
+from coordinator.etcd import (
+    AssignmentConflict,
+    DuplicateMember,
+    assignment_key,
+    connect,
+    journal_key,
+    member_key,
+)
+from coordinator.keyspace import KeySpace
+from coordinator.membership import BrokerSpec, Membership
+from coordinator.resolver import Resolver
+from coordinator.specs import apply_specs
+from quire.protocol import JournalSpec, ProcessId, Route, Status
+from quire.protocol.messages import ApplyChange
+from quire.services import EtcdService
+
+from .conftest import wait_until
+
+A, B, C = ProcessId("a", "broker-1"), ProcessId("a", "broker-2"), ProcessId("b", "broker-3")
+
+
+async def add_journal(client: aetcd.Client, root: str, name: str, replication: int = 2) -> int:
+    return await apply_specs(client, root, [ApplyChange(
+        upsert=JournalSpec(name=name, replication=replication))])
+
+
+async def assign(client: aetcd.Client, root: str, journal: str, pid: ProcessId, slot: int,
+                 lease: int = 0, value: bytes = b"{}") -> None:
+    await client.put(assignment_key(root, journal, pid, slot).encode(), value, lease=lease or None)
+
+
+async def test_load_then_watch(client: aetcd.Client, etcd_root: str) -> None:
+    await add_journal(client, etcd_root, "logs/one")
+    calls: list[int] = []
+    async with KeySpace(client, etcd_root) as ks:
+        ks.on_change.append(lambda k: calls.append(k.revision))
+        assert set(ks.journals) == {"logs/one"}
+        rev = await add_journal(client, etcd_root, "logs/two")
+        assert await ks.wait_for_revision(rev, timeout=5)
+        assert set(ks.journals) == {"logs/one", "logs/two"}
+        assert ks.journals["logs/two"].mod_revision == rev
+        assert calls and calls[-1] == rev
+        await assign(client, etcd_root, "logs/two", B, 1)
+        await assign(client, etcd_root, "logs/two", A, 0)
+        await wait_until(ks, lambda: len(ks.assignments("logs/two")) == 2, 5)
+        assert [(a.member, a.slot) for a in ks.assignments("logs/two")] == [(A, 0), (B, 1)]
+        assert [a.journal for a in ks.assignments_of(B)] == ["logs/two"]
+        assert ks.assignments("logs/two")[0].value is None
+        await client.delete(journal_key(etcd_root, "logs/one").encode())
+        await wait_until(ks, lambda: "logs/one" not in ks.journals, 5)
+
+
+async def test_malformed_values_are_skipped(client: aetcd.Client, etcd_root: str) -> None:
+    await client.put(journal_key(etcd_root, "logs/bad").encode(), b"{not json")
+    await client.put(f"{etcd_root}/members/not-a-pid".encode(), b"{}")
+    await add_journal(client, etcd_root, "logs/good")
+    async with KeySpace(client, etcd_root) as ks:
+        assert set(ks.journals) == {"logs/good"}
+        assert ks.members == {}
+        # A good value turning bad drops the entry instead of keeping a stale one.
+        await client.put(journal_key(etcd_root, "logs/good").encode(), b"[]")
+        await wait_until(ks, lambda: "logs/good" not in ks.journals, 5)
+
+
+async def test_wait_for_revision_outside_the_prefix(client: aetcd.Client, etcd_root: str) -> None:
+    async with KeySpace(client, etcd_root) as ks:
+        # A write elsewhere produces no event for us; a progress request proves we are current.
+        put = await client.put(f"{etcd_root}-elsewhere/x".encode(), b"1")
+        try:
+            assert await ks.wait_for_revision(put.header.revision, timeout=5)
+            assert not await ks.wait_for_revision(put.header.revision + 1000, timeout=0.3)
+        finally:
+            await client.delete(f"{etcd_root}-elsewhere/x".encode())
+
+
+async def test_wait_changed_is_condition_based(client: aetcd.Client, etcd_root: str) -> None:
+    async with KeySpace(client, etcd_root) as ks:
+        seen = ks.changed_revision
+        assert not await ks.wait_changed(seen, timeout=0.2)
+        waiter = asyncio.create_task(ks.wait_changed(seen, timeout=5))
+        await add_journal(client, etcd_root, "logs/x")
+        assert await waiter
+
+
+async def test_membership_lifecycle(client: aetcd.Client, etcd_root: str) -> None:
+    spec = BrokerSpec(id=A, endpoint="127.0.0.1:1", journal_limit=7)
+    async with KeySpace(client, etcd_root) as ks:
+        async with Membership(client, etcd_root, spec, ttl=5) as m:
+            await wait_until(ks, lambda: A in ks.members, 5)
+            assert ks.members[A].lease == m.lease_id
+            assert ks.members[A].spec.journal_limit == 7
+            with pytest.raises(DuplicateMember):
+                async with Membership(client, etcd_root, spec, ttl=5):
+                    pass
+            await m.set_exiting()
+            await wait_until(ks, lambda: ks.members[A].spec.exiting, 5)
+            await assign(client, etcd_root, "logs/x", A, 0, lease=m.lease_id)
+            await wait_until(ks, lambda: ks.assignments_of(A), 5)
+        # Revoking the lease removes the member and everything written under it.
+        await wait_until(ks, lambda: A not in ks.members and not ks.assignments_of(A), 5)
+    raw = await client.get(member_key(etcd_root, A).encode())
+    assert raw is None
+
+
+async def test_membership_waits_for_a_previous_incarnation(client: aetcd.Client,
+                                                           etcd_root: str) -> None:
+    spec = BrokerSpec(id=A)
+    lease = await client.lease(2)
+    await client.put(member_key(etcd_root, A).encode(), msgspec.json.encode(spec), lease=lease)
+    # The old key dies with its lease (about 2 s); the new incarnation waits for that.
+    async with Membership(client, etcd_root, spec, ttl=5, wait_absent=10) as m:
+        raw = await client.get(member_key(etcd_root, A).encode())
+        assert raw.lease == m.lease_id
+
+
+async def test_resolver_statuses(client: aetcd.Client, etcd_root: str) -> None:
+    async with KeySpace(client, etcd_root) as ks:
+        res = Resolver(ks, A)
+        assert (await res.resolve("logs/x")).status == Status.JOURNAL_NOT_FOUND
+        rev = await add_journal(client, etcd_root, "logs/x")
+        r = await res.resolve("logs/x", min_revision=rev)  # a future revision is waited for
+        assert r.status == Status.INSUFFICIENT_JOURNAL_BROKERS
+        assert r.header.etcd.revision >= rev and r.header.process_id == A
+        async with Membership(client, etcd_root, BrokerSpec(id=C, endpoint="h:3"), ttl=5), \
+                Membership(client, etcd_root, BrokerSpec(id=A, endpoint="h:1"), ttl=5):
+            await assign(client, etcd_root, "logs/x", C, 1)
+            await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 1 and len(ks.members) == 2, 5)
+            r = await res.resolve("logs/x")
+            assert r.status == Status.OK and r.is_member is False and r.route.primary == -1
+            assert (await res.resolve("logs/x", require_primary=True)).status == \
+                Status.NO_JOURNAL_PRIMARY_BROKER
+            await assign(client, etcd_root, "logs/x", A, 0)
+            await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 2, 5)
+            r = await res.resolve("logs/x", require_primary=True)
+            assert r.status == Status.OK and r.is_primary and r.is_member
+            assert r.route.members == (A, C) and r.route.endpoints == ("h:1", "h:3")
+            assert r.primary_endpoint == "h:1"
+
+
+async def test_advertise_route(client: aetcd.Client, etcd_root: str) -> None:
+    async with KeySpace(client, etcd_root) as ks:
+        await assign(client, etcd_root, "logs/x", A, 0)
+        await assign(client, etcd_root, "logs/x", C, 1)
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 2, 5)
+        route = route_of(ks.assignments("logs/x"))
+        assert route == Route(members=(A, C), primary=0)
+        assert not is_consistent(ks.assignments("logs/x"))
+        rev = await advertise_route(client, ks, "logs/x", route)
+        assert rev > 0 and await ks.wait_for_revision(rev, 5)
+        assert is_consistent(ks.assignments("logs/x"))
+        assert await advertise_route(client, ks, "logs/x", route) == 0  # nothing to change
+        with pytest.raises(AssignmentConflict):  # a stale route is refused
+            await advertise_route(client, ks, "logs/x", Route(members=(A, B), primary=0))
+        # A change the mirror has not seen when the write happens is refused too: a
+        # KeySpace that stopped watching is a frozen (stale) view.
+        await assign(client, etcd_root, "logs/x", B, 2)
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 3, 5)
+        async with KeySpace(client, etcd_root) as frozen:
+            pass
+        new_route = route_of(ks.assignments("logs/x"))
+        assert await advertise_route(client, ks, "logs/x", new_route) > 0
+        with pytest.raises(AssignmentConflict):
+            await advertise_route(client, frozen, "logs/x", new_route)
+
+
+async def test_keyspace_survives_etcd_restart(etcd_root: str) -> None:
+    with EtcdService("etcd-restart") as etcd:
+        c = await connect(etcd.url)
+        try:
+            async with KeySpace(c, etcd_root) as ks:
+                await add_journal(c, etcd_root, "logs/before")
+                await wait_until(ks, lambda: "logs/before" in ks.journals, 5)
+                await asyncio.to_thread(etcd.stop)
+                await asyncio.to_thread(etcd.start)
+                # Same data dir: the mirror re-lists and keeps following new writes.
+                for _ in range(50):  # the client channel reconnects on its own schedule
+                    try:
+                        rev = await add_journal(c, etcd_root, "logs/after")
+                        break
+                    except Exception:  # noqa: BLE001 - etcd still coming back
+                        await asyncio.sleep(0.2)
+                assert await ks.wait_for_revision(rev, timeout=15)
+                assert {"logs/before", "logs/after"} <= set(ks.journals)
+                await c.delete(journal_key(etcd_root, "logs/x-late").encode())
+                rev = await add_journal(c, etcd_root, "logs/later")
+                await wait_until(ks, lambda: "logs/later" in ks.journals, 5)
+        finally:
+            await c.close()
