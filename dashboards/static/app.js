@@ -1,0 +1,130 @@
+// quire live dashboard: polls /api/state every 2 s and renders it. No framework, no build.
+"use strict";
+
+const REFRESH_MS = 2000;
+let lastState = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k === "title") node.title = v;
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function setText(id, value) {
+  document.getElementById(id).textContent = value;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = n, i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return (i === 0 ? String(v) : v.toFixed(1)) + " " + units[i];
+}
+
+function labelText(labels) {
+  return Object.entries(labels).map(([k, vs]) => vs.map(v => v ? `${k}=${v}` : k).join(" ")).join(" ");
+}
+
+function renderBrokers(brokers) {
+  const box = document.getElementById("brokers");
+  box.replaceChildren();
+  setText("broker-count", brokers.length);
+  if (!brokers.length) { box.append(el("p", { class: "empty" }, "no brokers")); return; }
+  for (const b of brokers) {
+    const tags = [];
+    if (b.leader) tags.push(el("span", { class: "tag leader", title: "runs the allocator" }, "leader"));
+    if (b.exiting) tags.push(el("span", { class: "tag warn" }, "exiting"));
+    if (!b.in_etcd) tags.push(el("span", { class: "tag bad", title: "not a member in etcd" }, "no lease"));
+    if (!b.reported) tags.push(el("span", { class: "tag warn", title: "not in the coordinators' broker list" }, "unreported"));
+    const load = b.journal_limit ? Math.min(100, 100 * b.journals / b.journal_limit) : 0;
+    box.append(el("article", { class: "card broker", "data-id": b.id },
+      el("h3", {}, b.id, ...tags),
+      el("div", { class: "endpoint" }, b.endpoint || "—"),
+      el("div", { class: "stats" },
+        el("span", {}, el("b", {}, b.journals), " journals"),
+        el("span", {}, el("b", {}, b.primaries), " primaries"),
+        el("span", {}, "limit ", el("b", {}, b.journal_limit))),
+      el("div", { class: "bar", title: `${b.journals} / ${b.journal_limit}` },
+        el("div", { style: `width:${load.toFixed(1)}%` }))));
+  }
+}
+
+function journalRow(j) {
+  const route = el("td", { class: "route" });
+  j.route.forEach((m, i) => {
+    route.append(el("span", { class: "member" + (m === j.primary ? " primary" : ""), title: j.endpoints[i] || "" },
+      (m === j.primary ? "★ " : "") + m));
+  });
+  if (!j.route.length) route.append(el("span", { class: "muted" }, "—"));
+  const notes = [];
+  if (j.suspend !== "none") notes.push(`suspended (${j.suspend})`);
+  if (j.flags !== "rw") notes.push(`flags ${j.flags}`);
+  if (!j.listed_by_coordinators) notes.push("not listed by coordinators");
+  return el("tr", { "data-journal": j.name },
+    el("td", { class: "name" }, j.name, notes.length ? el("div", { class: "muted small" }, notes.join(" · ")) : null),
+    el("td", { class: "labels" }, labelText(j.labels)),
+    route,
+    el("td", { class: "endpoint" }, j.primary_endpoint || "—"),
+    el("td", { class: "num", title: j.write_head === null ? "unknown" : `${j.write_head} bytes` },
+      j.write_head === null ? "—" : bytes(j.write_head)),
+    el("td", {}, el("span", { class: "state " + j.consistency }, j.consistency),
+      el("span", { class: "muted small" }, ` ${j.route.length}/${j.replication}`)));
+}
+
+function renderJournals(journals) {
+  const needle = document.getElementById("filter").value.trim().toLowerCase();
+  const body = document.querySelector("#journals tbody");
+  const shown = journals.filter(j => !needle ||
+    [j.name, labelText(j.labels), j.route.join(" ")].join(" ").toLowerCase().includes(needle));
+  setText("journal-count", journals.length);
+  const tally = {};
+  for (const j of journals) tally[j.consistency] = (tally[j.consistency] || 0) + 1;
+  setText("tally", Object.entries(tally).map(([k, n]) => `${n} ${k}`).join(" · "));
+  body.replaceChildren(...(shown.length ? shown.map(journalRow)
+    : [el("tr", {}, el("td", { colspan: 6, class: "empty" }, journals.length ? "no match" : "no journals"))]));
+}
+
+function renderErrors(errors) {
+  const list = document.getElementById("errors");
+  list.replaceChildren(...errors.map(e => el("li", {}, e)));
+  list.hidden = !errors.length;
+}
+
+function render(state) {
+  lastState = state;
+  setText("etcd-url", state.etcd.url);
+  setText("etcd-root", state.etcd.root);
+  setText("etcd-revision", state.etcd.revision || "—");
+  setText("leader", state.etcd.leader || "none");
+  setText("updated", new Date(state.generated_at * 1000).toLocaleTimeString());
+  renderErrors(state.errors);
+  renderBrokers(state.brokers);
+  renderJournals(state.journals);
+  document.body.dataset.ready = "1";
+}
+
+async function refresh() {
+  try {
+    const resp = await fetch("/api/state", { cache: "no-store" });
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    render(await resp.json());
+  } catch (err) {
+    renderErrors([`dashboard server unreachable: ${err.message}`]);
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+document.getElementById("filter").addEventListener("input", () => {
+  if (lastState) renderJournals(lastState.journals);
+});
+refresh();
