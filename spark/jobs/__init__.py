@@ -1,0 +1,22 @@
+"""Batch pipelines over journals, run by `quire spark run JOB` or `spark-submit`.
+
+A job module exposes `NAME`, `DESCRIPTION`, `run(spark, params) -> DataFrame` (it writes
+its output and returns what it wrote) and `main(argv)` for spark-submit.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import hourly_counts
+
+JOBS: dict[str, ModuleType] = {hourly_counts.NAME: hourly_counts}
+
+
+def get_job(name: str) -> ModuleType:
+    from quire.protocol import ValidationError
+
+    try:
+        return JOBS[name]
+    except KeyError:
+        raise ValidationError("job", f"unknown job {name!r} (known: {', '.join(sorted(JOBS))})") from None
