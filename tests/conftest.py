@@ -7,6 +7,8 @@ on the way in and wiped on the way out. Helpers live in quire.services.
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Iterator
 
 import pytest
@@ -70,8 +72,12 @@ def spark():  # type: ignore[no-untyped-def]
     # One JVM for the whole session: a cold SparkSession takes 15-20 s.
     from pyspark.sql import SparkSession
 
+    # Spark's Python workers are started by the JVM: make them this interpreter, so they
+    # import the same packages (msgspec, fragment_store, spark) the tests do.
     session = (
-        SparkSession.builder.master("local[1]")
+        SparkSession.builder.master("local[2]")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
         .appName("quire-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
