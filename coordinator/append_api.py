@@ -85,6 +85,10 @@ class ClientSource:
         except ProtocolError as exc:
             raise AppendAborted(f"client disconnected: {exc}") from None
 
+    def throttled(self, seconds: float) -> None:
+        if self.policer is not None:
+            self.policer.pause(seconds)
+
     async def next_chunk(self) -> bytes | memoryview | None:
         while True:
             frame = await self.read_frame()

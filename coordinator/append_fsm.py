@@ -9,6 +9,11 @@ whose route is the resolution's) walks the same states, but each no-op state is 
 `_fast_<state>` call (no coroutine), and RESOLVE reuses the replica's last resolution
 while the keyspace revision has not moved.
 
+The pipeline states (ACQUIRE_PIPELINE .. UPDATE_ASSIGNMENTS, which do real work only
+after a route change) are a mixin in append_sync.py; here are the states every append
+walks, and suspension (the digest's UpdateSuspend is an action of RESOLVE and
+VALIDATE_PRECONDITIONS, not a state of its own: coordinator/suspend.py).
+
 Ownership (seed, "Components"): ACQUIRE_PIPELINE takes `replica.pipeline_lock` (the
 send side); START_PIPELINE builds a pipeline, which takes `replica.spool_lock` for its
 lifetime; STREAM_CONTENT sends content and the commit (or a rollback) and then
@@ -18,12 +23,12 @@ while this one waits for its acknowledgements in READ_ACKNOWLEDGEMENTS.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import time
 from typing import Any, Protocol
 
 from quire.logs import get_logger
-from quire.protocol import AppendRequest, Fragment, LabelSet, Status
+from quire.protocol import AppendRequest, Fragment, LabelSet, Status, Suspend, SuspendLevel
 from quire.protocol.errors import QuireError
 
 from . import metrics
@@ -33,25 +38,24 @@ from .append_rules import (
     Decision,
     State,
     go,
-    decide_acquired,
-    decide_assignments,
     decide_replicas,
     decide_resolve,
-    decide_start,
-    decide_sync,
+    decide_suspended,
     edits_registers,
     next_registers,
     validate_preconditions,
 )
+from .append_sync import LOCK_TIMEOUT, PipelineSyncStates
 from .pipeline import Pipeline, PipelineBroken
-from .replica import Replica, acquire_within
+from .replica import Replica
 
 __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"]
 
 log = get_logger(__name__)
 
-LOCK_TIMEOUT = 30.0
 MAX_RESOLVES = 30
+RESUME_TIMEOUT = 30.0
+"""How long a resumed append waits for the allocator to give the journal its replicas."""
 
 
 class AppendAborted(QuireError):
@@ -66,6 +70,9 @@ class ContentSource(Protocol):
     async def next_chunk(self) -> bytes | memoryview | None:
         """The next non-empty chunk, or None once the client commits. Raises AppendAborted."""
 
+    def throttled(self, seconds: float) -> None:
+        """The broker held the append back this long (max rate): not the client's delay."""
+
 
 class Broker(Protocol):
     """What the FSM needs of the coordinator (server.py implements it)."""
@@ -77,9 +84,10 @@ class Broker(Protocol):
     def replica(self, journal: str) -> Replica: ...
     async def advertise_route(self, journal: str, route: Any) -> int: ...
     async def teardown_pipeline(self, replica: Replica) -> None: ...
+    async def update_suspend(self, journal: str, suspend: Suspend) -> int: ...
 
 
-class AppendFSM:
+class AppendFSM(PipelineSyncStates):
     def __init__(self, broker: Broker, req: AppendRequest, source: ContentSource) -> None:
         self.broker = broker
         self.req = req
@@ -99,9 +107,12 @@ class AppendFSM:
         self.registers: LabelSet | None = None
         self.total_chunks = 0
         self.delayed_chunks = 0
-        self._ticket: tuple[asyncio.Future[None], asyncio.Future[None]] | None = None
+        self._ticket: Any = None
         self._aborted: AppendAborted | None = None
         self._resolves = 0
+        self._suspend: Suspend | None = None
+        self._resumed_until = 0.0
+        """Monotonic deadline while a journal we resumed waits for its replicas."""
 
     @property
     def _log(self):  # noqa: ANN202 - bound lazily: off the hot path
@@ -164,6 +175,9 @@ class AppendFSM:
         if res is None:
             res = await self.broker.resolve(self.req.journal, min_rev)
         self.res = res
+        if res.status != Status.OK and res.spec is not None and not res.route.members:
+            if await self._resolve_unassigned(res):
+                return  # RESOLVE again (the seed: "this state may be re-entered")
         d = decide_resolve(res.status, res.is_primary, self.owns_pipeline)
         if d.state is State.ERROR:
             d = Decision(State.ERROR, res.status, getattr(res, "message", "") or d.message)
@@ -173,6 +187,44 @@ class AppendFSM:
             self.replica = replica = self.broker.replica(self.req.journal)
             replica.resolution = res
         self._go(d)
+
+    async def _resolve_unassigned(self, res: Any) -> bool:
+        """A journal without replicas: FULL-suspended (resume it first, or refuse), or one
+        we just resumed that the allocator has not re-assigned yet (wait, bounded)."""
+        d = decide_suspended(res.spec.suspend.level, self.req.suspend, res.spec.suspend.offset)
+        if d is not None and d.state is State.ERROR:
+            self._go(d)
+            return True
+        if d is not None:
+            self._suspend = d.suspend
+            await self._update_suspend()
+            return True
+        remaining = self._resumed_until - time.monotonic()
+        if remaining > 0:
+            await self.broker.keyspace.wait_changed(res.header.etcd.revision, remaining)
+            self._resolves -= 1  # waiting for the allocator is not a failed resolution
+            return True
+        return False
+
+    async def _update_suspend(self) -> None:
+        """Write the decided suspension into the spec, then resolve at that revision."""
+        suspend, self._suspend = self._suspend, None
+        assert suspend is not None
+        await self._release_pipeline()  # the route is about to change: let pulses run
+        try:
+            rev = await self.broker.update_suspend(self.req.journal, suspend)
+        except QuireError as exc:
+            # The spec or route moved since we resolved: decide again on the new one.
+            self._log.info("updating the suspension failed; re-resolving", error=str(exc))
+            rev = self.broker.keyspace.revision + 1
+        else:
+            self._log.info("journal suspension updated", level=suspend.level.value,
+                           offset=suspend.offset, revision=rev)
+            if suspend.level == SuspendLevel.NONE:
+                self._resumed_until = time.monotonic() + RESUME_TIMEOUT
+        self.read_through = max(self.read_through, rev)
+        if self.state is not State.RESOLVE:
+            self._go(State.RESOLVE)
 
     # -- synchronous common cases (each returns False to defer to its handler) -----------
 
@@ -191,29 +243,12 @@ class AppendFSM:
         self._go(decide_resolve(res.status, res.is_primary, self.owns_pipeline))
         return True
 
-    def _fast_start_pipeline(self) -> bool:
-        pln = self.replica.pipeline  # type: ignore[union-attr]
-        if pln is None or pln.broken is not None or not pln.synced:
-            return False
-        d = decide_start(pln.route, True, self.res.route, True)
-        if d.state is not State.UPDATE_ASSIGNMENTS:
-            return False
-        self.pipeline = pln
-        self._go(d)
-        return True
-
-    def _fast_update_assignments(self) -> bool:
-        d = decide_assignments([a.value for a in self.res.assignments], self.res.route)
-        if d.state is State.RESOLVE:
-            return False  # the route must be advertised first
-        self._go(d)
-        return True
-
     def _fast_await_desired_replicas(self) -> bool:
         res = self.res
         d = decide_replicas(len(res.route.members), res.spec.desired_replication(), res.is_primary,
                             res.route.primary >= 0, self.req.do_not_proxy)
-        if d.state is State.RESOLVE:
+        if d.state is State.RESOLVE or (d.status == Status.INSUFFICIENT_JOURNAL_BROKERS
+                                        and self._resumed_until):
             return False  # wait for the allocator's next change
         self._go(d)
         return True
@@ -223,6 +258,8 @@ class AppendFSM:
         assert replica is not None
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
                                    replica.spool.end, replica.index_end)
+        if d.suspend is not None:
+            return False  # the spec must be written first (_on_validate_preconditions)
         if d.status == Status.REGISTER_MISMATCH:
             self.registers = replica.spool.registers
         if d.state is State.SEND_PIPELINE_SYNC:
@@ -239,88 +276,14 @@ class AppendFSM:
         ks = self.broker.keyspace
         return ks.changed_revision <= self.res.header.etcd.revision
 
-    async def _on_acquire_pipeline(self) -> None:
-        assert self.replica is not None
-        if not await acquire_within(self.replica.pipeline_lock, LOCK_TIMEOUT):
-            return self._fail(Status.UNAVAILABLE, "timed out waiting for the pipeline")
-        self.owns_pipeline = True
-        self._go(decide_acquired(self._route_valid()))
-
-    async def _on_start_pipeline(self) -> None:
-        replica = self.replica
-        assert replica is not None
-        if self._fast_start_pipeline():
-            return
-        pln = replica.pipeline
-        d = decide_start(None, False, self.res.route, True)  # rebuild and sync
-        if pln is not None:
-            await self.broker.teardown_pipeline(replica)
-        try:
-            await asyncio.wait_for(replica.spool_lock.acquire(), LOCK_TIMEOUT)
-        except asyncio.TimeoutError:
-            return self._fail(Status.UNAVAILABLE, "timed out waiting for the spool")
-        if not self._route_valid():
-            replica.spool_lock.release()
-            return self._go(State.RESOLVE)
-        try:
-            self.pipeline = await Pipeline.open(replica, self.res.header, self.broker.me)
-        except PipelineBroken as exc:
-            replica.spool_lock.release()
-            return self._fail(Status.UNAVAILABLE, str(exc))
-        replica.pipeline = self.pipeline
-        self._go(d)
-
-    async def _on_send_pipeline_sync(self) -> None:
-        pln, spool = self.pipeline, self.replica.spool  # type: ignore[union-attr]
-        assert pln is not None
-        if self.roll_to is not None:
-            prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers)
-            self._log.info("rolling spool in sync", roll_to=self.roll_to)
-            self.roll_to = self.roll_registers = None
-        else:
-            prop = spool.rollback_proposal(acknowledge=True)
-        try:
-            pln.send_proposal(prop, first=True)
-            self._ticket = pln.ticket()
-            await pln.drain()
-        except PipelineBroken as exc:
-            return self._fail(Status.UNAVAILABLE, str(exc))
-        self._go(State.RECV_PIPELINE_SYNC)
-
-    async def _on_recv_pipeline_sync(self) -> None:
-        pln, replica = self.pipeline, self.replica
-        assert pln is not None and replica is not None and self._ticket is not None
-        try:
-            responses = await pln.gather(*self._ticket)
-        except Exception as exc:  # noqa: BLE001 - a broken peer fails this append
-            await self.broker.teardown_pipeline(replica)
-            return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
-        d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision)
-        if d.state is State.UPDATE_ASSIGNMENTS:
-            pln.synced = True
-            # Bytes the spool holds after a sync are part of the journal now (at worst
-            # at-least-once leftovers of a failed append): readers may see them.
-            replica.publish(replica.spool.end)
-        elif d.state is State.SEND_PIPELINE_SYNC:
-            self.roll_to, self.roll_registers = d.roll_to, d.registers
-        else:
-            await self.broker.teardown_pipeline(replica)
-            self.read_through = max(self.read_through, d.read_through)
-        self._go(d)
-
-    async def _on_update_assignments(self) -> None:
-        if self._fast_update_assignments():
-            return
-        try:  # decide_assignments said RESOLVE: advertise the route first
-            rev = await self.broker.advertise_route(self.req.journal, self.res.route)
-        except QuireError as exc:
-            # Assignments moved under us: re-resolve and decide again.
-            self._log.info("advertising the route failed; re-resolving", error=str(exc))
-            rev = self.broker.keyspace.revision + 1
-        self.read_through = max(self.read_through, rev)
-        self._go(State.RESOLVE)
-
     async def _on_await_desired_replicas(self) -> None:
+        res = self.res
+        if self._resumed_until > time.monotonic() and len(res.route.members) < res.spec.desired_replication():
+            # We just resumed the journal: the allocator is adding its replicas back.
+            await self.broker.keyspace.wait_changed(res.header.etcd.revision,
+                                                    self._resumed_until - time.monotonic())
+            self._resolves -= 1
+            return self._go(State.RESOLVE)
         if self._fast_await_desired_replicas():
             return
         # decide_replicas said RESOLVE: the allocator is about to remove a member.
@@ -328,7 +291,14 @@ class AppendFSM:
         self._go(State.RESOLVE)
 
     async def _on_validate_preconditions(self) -> None:
-        self._fast_validate_preconditions()
+        if self._fast_validate_preconditions():
+            return
+        replica = self.replica
+        assert replica is not None
+        d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
+                                   replica.spool.end, replica.index_end)
+        self._suspend = d.suspend
+        await self._update_suspend()  # then RESOLVE, at the revision of the write
 
     async def _on_stream_content(self) -> None:
         pln, replica, spec = self.pipeline, self.replica, self.res.spec
@@ -341,7 +311,7 @@ class AppendFSM:
                 pln.send_proposal(spool.roll_proposal(codec=frag.compression_codec, acknowledge=False))
             self._summer = hashlib.sha1()
             self._begin = spool.end
-            self._limiter = getattr(replica, "limiter", None)
+            self._limiter = replica.limiter_for(spec.max_append_rate)
         try:
             while True:
                 chunk = await self.source.next_chunk()
@@ -349,8 +319,13 @@ class AppendFSM:
                     return await self._commit(pln, replica)
                 if not spec.writable:
                     raise AppendAborted("journal is not writable")
-                if self._limiter is not None and await self._limiter.acquire(len(chunk)):
-                    self.delayed_chunks += 1
+                if self._limiter is not None:
+                    delay = await self._limiter.acquire(len(chunk))
+                    if delay:
+                        self.delayed_chunks += 1
+                        throttled = getattr(self.source, "throttled", None)
+                        if throttled is not None:
+                            throttled(delay)
                 pln.send_content(chunk)
                 self._summer.update(chunk)
                 self.total_chunks += 1
@@ -389,7 +364,7 @@ class AppendFSM:
 
     async def _hand_off(self, pln: Pipeline) -> None:
         """Take a receive ticket, then release the send side to the next append."""
-        self._ticket = pln.ticket()
+        self._ticket = pln.ticket(must_ok=True)
         await self._release_pipeline()
         self._go(State.READ_ACKNOWLEDGEMENTS)
         await pln.drain()
@@ -398,7 +373,7 @@ class AppendFSM:
         pln, replica = self.pipeline, self.replica
         assert pln is not None and replica is not None and self._ticket is not None
         try:
-            await pln.gather_ok(*self._ticket)
+            await pln.gather_ok(self._ticket)
         except Exception as exc:  # noqa: BLE001
             return self._fail(Status.UNAVAILABLE, f"replication failed: {exc!r}")
         if self._aborted is not None:
@@ -414,9 +389,7 @@ class AppendFSM:
             self.owns_pipeline = False
             self.replica.pipeline_lock.release()
 
-    # -- terminal states are handled by the caller (append_api) --------------------------
-
-    async def _on_error(self) -> None:  # pragma: no cover - run_to stops before terminals
+    async def _on_error(self) -> None:  # pragma: no cover - terminal: run_to stops first
         raise AssertionError("terminal")
 
     _on_proxy = _on_finished = _on_error

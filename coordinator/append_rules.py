@@ -21,6 +21,7 @@ from quire.protocol import (
     ReplicateResponse,
     Route,
     Status,
+    Suspend,
     SuspendLevel,
 )
 
@@ -75,6 +76,8 @@ class Decision:
     roll_to: int | None = None
     registers: LabelSet | None = None
     read_through: int = 0
+    suspend: Suspend | None = None
+    """A suspension to write into the spec before resolving again (resume)."""
 
 
 _PLAIN = {s: Decision(s) for s in State}
@@ -193,7 +196,24 @@ def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: Lab
                         f"requested offset {req.offset}, write head is {head}")
     if req.offset != 0 and req.offset != spool_end:
         return Decision(S.SEND_PIPELINE_SYNC, roll_to=req.offset)  # reset-head
+    if spec.suspend.level != SuspendLevel.NONE and req.suspend == "resume":
+        # Synchronized and validated: resume at our write head, then resolve the
+        # journal's restored route (coordinator/suspend.py). `keep` never gets here.
+        return Decision(S.RESOLVE, suspend=Suspend(level=SuspendLevel.NONE, offset=spool_end))
     return _PLAIN[S.STREAM_CONTENT]
+
+
+def decide_suspended(level: SuspendLevel, req_suspend: str, offset: int) -> Decision | None:
+    """A FULL-suspended journal has no replicas to resolve to: resume it or refuse.
+
+    None when the journal is not fully suspended (resolve as usual). A RESOLVE decision
+    carries the suspension to write first (the seed's "resumed first").
+    """
+    if level != SuspendLevel.FULL:
+        return None
+    if req_suspend == "resume":
+        return Decision(S.RESOLVE, suspend=Suspend(level=SuspendLevel.NONE, offset=offset))
+    return Decision(S.ERROR, Status.SUSPENDED, "journal is fully suspended")
 
 
 def next_registers(current: LabelSet, req: AppendRequest) -> LabelSet:

@@ -37,6 +37,10 @@ class MinRatePolicer:
         if self._balance > 0:
             self._balance = min(self._balance + n, self._cap)
 
+    def pause(self, seconds: float) -> None:
+        """Time the broker itself held the append back (max rate) is not drained."""
+        self._t += seconds
+
     def deadline(self, now: float) -> float:
         """Monotonic time by which more bytes must arrive (<= now: too slow already)."""
         self._drain(now)
@@ -47,26 +51,32 @@ class MinRatePolicer:
 
 
 class RateLimiter:
-    """A per-journal token bucket for `max_append_rate` (1 s burst)."""
+    """A per-journal token bucket for `max_append_rate` (1 s burst).
 
-    __slots__ = ("rate", "_tokens", "_t")
+    One per replica (Replica.limiter_for), shared by the journal's successive appends,
+    so a journal's rate holds across appends, not just within one. `taken` counts every
+    byte let through, for tests and debugging.
+    """
 
-    def __init__(self, rate: float) -> None:
+    __slots__ = ("rate", "taken", "_tokens", "_t")
+
+    def __init__(self, rate: float, now: float | None = None) -> None:
         self.rate = float(rate)
+        self.taken = 0
         self._tokens = self.rate
-        self._t = time.monotonic()
+        self._t = time.monotonic() if now is None else now
 
     def delay_for(self, n: int, now: float) -> float:
         """Take n bytes; return how long the caller must wait before sending them."""
         self._tokens = min(self.rate, self._tokens + (now - self._t) * self.rate)
         self._t = now
         self._tokens -= n
+        self.taken += n
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
-    async def acquire(self, n: int) -> bool:
-        """True if the chunk was delayed."""
+    async def acquire(self, n: int) -> float:
+        """Seconds the chunk was delayed (0.0: sent at once)."""
         delay = self.delay_for(n, time.monotonic())
         if delay > 0:
             await asyncio.sleep(delay)  # the throttle itself: waiting is the point
-            return True
-        return False
+        return delay

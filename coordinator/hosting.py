@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from quire.logs import get_logger
-from quire.protocol import AppendRequest, Route
+from quire.protocol import AppendRequest, Route, Status
 
 from .append_fsm import AppendFSM, State
 from .assignments import advertise_route
@@ -104,11 +104,13 @@ class Hosting:
             replica = server.replicas.get(journal)
             if replica is not None:
                 replica.set_remote_index(fragments)
+            server.recovered.persisted(journal, fragments)
             mark = getattr(server.persister, "mark_persisted", None)
             if mark is not None:
                 mark(journal, fragments)
 
-        watch = IndexWatch(self.cfg.redis_url, apply=apply, journals=lambda: list(server.replicas))
+        watch = IndexWatch(self.cfg.redis_url, apply=apply,
+                           journals=lambda: [*server.replicas, *server.recovered.journals()])
         self._spawn(watch.run(), name="index-watch")
         run = getattr(server.persister, "run", None)
         if run is not None:
@@ -185,7 +187,9 @@ class Hosting:
                 if self._stop.is_set():
                     return
                 fsm = await self.pulse(journal)
-                if fsm.state is State.FINISHED:
+                # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
+                # pipeline synced: that is as good as a pulse gets for it.
+                if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
                     self._pulsed[journal] = route
                     return
                 now = self.resolver.resolve_now(journal)

@@ -5,9 +5,9 @@ and one FrameStream per peer. It is full duplex (protocol pipelining):
 
 * the *send side* is owned by whichever append holds `replica.pipeline_lock`; it
   applies each message to the local spool and writes it to every peer, in order;
-* the *receive side* is handed out in FIFO order through a barrier: an append that
-  has sent its commit takes a ticket, waits for the previous ticket holder to finish
-  reading, reads exactly one response per peer, then releases its successor.
+* the *receive side* is one reader task (while acknowledgements are outstanding): an
+  append that has sent its commit takes a ticket (a future), and the reader resolves
+  tickets in order, as many per wake-up as the peers' buffered answers complete.
 
 A pipeline is torn down and rebuilt only when the route changes or a peer fails;
 once broken (any send or receive error) it stays broken and every later user fails
@@ -17,6 +17,7 @@ fast, so no append can be acknowledged on a pipeline with a gap in it.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 
 from quire.logs import get_logger
@@ -58,10 +59,9 @@ class Pipeline:
         self._streams = [s for _, s in self.peers]
         self.broken: BaseException | None = None
         self.synced = False
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        done.set_result(None)
-        self._last_ticket: asyncio.Future[None] = done
+        self._tickets: deque[tuple[asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]], bool]] = deque()
+        self._answers: list[deque[ReplicateResponse]] = [deque() for _ in self._streams]
+        self._reader: asyncio.Task[None] | None = None
         self._log = log.bind(journal=replica.journal, route=str(header.route),
                              revision=header.etcd.revision)
 
@@ -139,58 +139,86 @@ class Pipeline:
 
     # -- receive side -----------------------------------------------------------------
 
-    def ticket(self) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
-        """(wait_for, done): call under the send lock right after sending."""
-        wait_for = self._last_ticket
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last_ticket = done
-        return wait_for, done
+    def ticket(self, must_ok: bool = False) -> asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]:
+        """A future of the peers' answers to the proposal just sent (call under the send
+        lock, right after sending it). `must_ok`: any non-OK answer breaks the pipeline
+        (commits and rollbacks; a sync proposal's answers are the FSM's to judge)."""
+        fut: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]] = \
+            asyncio.get_running_loop().create_future()
+        if self.broken is not None:
+            fut.set_exception(PipelineBroken(f"pipeline broken: {self.broken!r}"))
+        elif not self._streams:
+            fut.set_result([])  # no peers (R=1): the local spool already adopted it
+        else:
+            self._tickets.append((fut, must_ok))
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(self._read_acks())
+        return fut
 
-    async def gather(self, wait_for: asyncio.Future[None], done: asyncio.Future[None],
-                     timeout: float = ACK_TIMEOUT) -> list[tuple[ProcessId, ReplicateResponse]]:
-        """Our turn: read one response from every peer, then release the next ticket."""
+    async def _read_acks(self) -> None:
+        """The one reader of every peer stream while tickets are outstanding.
+
+        Peers answer acknowledged proposals in order, so the k-th answer of each peer
+        belongs to the k-th ticket. Each wake-up parses everything already buffered on
+        every peer and resolves all complete tickets at once, in order (so appends
+        finish in commit order); it waits, bounded by ACK_TIMEOUT, only on a peer that
+        is short of answers. It exits once no ticket is outstanding: an idle pipeline
+        costs no task. An FSM that stops waiting (cancelled) leaves the streams in step.
+        """
+        tickets, streams, queues = self._tickets, self._streams, self._answers
+        expect = FrameStream.expect
         try:
-            if not wait_for.done():
-                await asyncio.shield(wait_for)
-            self._check()
-            out: list[tuple[ProcessId, ReplicateResponse]] = []
-            try:
-                # Acks usually arrive coalesced and are already buffered: no timer then.
-                for pid, s in self.peers:
-                    frame = s.read_buffered()
-                    if frame is None:
-                        break
-                    out.append((pid, FrameStream.expect(frame, ReplicateResponse)[0]))
-                if len(out) < len(self.peers):
-                    async with asyncio.timeout(timeout):
-                        for pid, s in self.peers[len(out):]:
-                            msg, _ = await s.read_message(ReplicateResponse)
-                            out.append((pid, msg))
-            except (Exception, asyncio.CancelledError) as exc:
-                # A half-read set of acks leaves the streams out of step: never reuse them.
-                self._fail(exc if not isinstance(exc, asyncio.CancelledError)
-                           else PipelineBroken("cancelled while reading acknowledgements"))
+            while tickets:
+                for s, q in zip(streams, queues):
+                    while (frame := s.read_buffered()) is not None:
+                        q.append(expect(frame, ReplicateResponse)[0])
+                ready = min(map(len, queues))
+                for _ in range(min(ready, len(tickets))):
+                    fut, must_ok = tickets.popleft()
+                    answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
+                    if must_ok:
+                        for pid, resp in answers:
+                            if resp.status != Status.OK:
+                                raise PipelineBroken(f"peer {pid} answered {resp.status.name}: "
+                                                     f"{resp.message or resp.fragment}")
+                    if not fut.done():
+                        fut.set_result(answers)
+                if not tickets:
+                    break
+                i = next(i for i, q in enumerate(queues) if not q)
+                async with asyncio.timeout(ACK_TIMEOUT):
+                    frame = await streams[i].read()
+                queues[i].append(expect(frame, ReplicateResponse)[0])
+        except (Exception, asyncio.CancelledError) as exc:
+            broken = self._fail(exc if not isinstance(exc, asyncio.CancelledError)
+                                else PipelineBroken("cancelled while reading acknowledgements"))
+            while tickets:
+                fut, _ = tickets.popleft()
+                if not fut.done():
+                    fut.set_exception(broken)
+            if isinstance(exc, asyncio.CancelledError):
                 raise
-            return out
         finally:
-            if not done.done():
-                done.set_result(None)
+            self._reader = None
 
-    async def gather_ok(self, wait_for: asyncio.Future[None], done: asyncio.Future[None]) -> None:
-        for pid, resp in await self.gather(wait_for, done):
-            if resp.status != Status.OK:
-                raise self._fail(PipelineBroken(f"peer {pid} answered {resp.status.name}: "
-                                                f"{resp.message or resp.fragment}"))
+    async def gather(self, ticket: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]
+                     ) -> list[tuple[ProcessId, ReplicateResponse]]:
+        """Our turn's answers, one per peer (the reader enforces ACK_TIMEOUT)."""
+        return await ticket
+
+    gather_ok = gather  # a must_ok ticket only resolves with all-OK answers
 
     # -- teardown ---------------------------------------------------------------------
 
     async def close(self) -> None:
         """Graceful: wait for in-flight acknowledgements, then close every stream."""
         if self.broken is None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._last_ticket), ACK_TIMEOUT)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
-                pass
+            reader = self._reader
+            if reader is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(reader), ACK_TIMEOUT + 1)
+                except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+                    pass
         for _, s in self.peers:
             await s.close()
         if self.broken is None:

@@ -26,6 +26,7 @@ from typing import Protocol
 from quire.logs import get_logger
 from quire.protocol import Fragment
 
+from .flow_control import RateLimiter
 from .spool import FileFactory, Spool, SpoolFile
 
 log = get_logger(__name__)
@@ -65,7 +66,7 @@ class LocalFragment:
 class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
-                 "_pulse_pending", "resolution")
+                 "_pulse_pending", "resolution", "limiter")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -87,6 +88,8 @@ class Replica:
         self._pulse_pending = False
         self.resolution = None
         """The append FSM's last primary resolution (reused while the keyspace is still)."""
+        self.limiter: RateLimiter | None = None
+        """The journal's max_append_rate bucket (only while the spec sets one)."""
 
     # -- spool observer ---------------------------------------------------------------
 
@@ -141,7 +144,18 @@ class Replica:
 
     @property
     def index_end(self) -> int:
-        return self.remote[-1].end if self.remote else 0
+        """The journal's furthest known offset outside the spool: persisted fragments
+        and closed ones on local disk (after a restart these may be the only record of
+        offsets already written, which must never be written again)."""
+        end = self.remote[-1].end if self.remote else 0
+        return max(end, self.local[-1].fragment.end) if self.local else end
+
+    def adopt_local(self, fragments: Sequence[LocalFragment]) -> None:
+        """Closed fragments recovered from disk (a previous run): readable and kept
+        until the index shows them persisted."""
+        if fragments:
+            self.local = sorted([*fragments, *self.local], key=lambda lf: lf.fragment.begin)
+            self._drop_persisted()
 
     def _drop_persisted(self) -> None:
         # A closed local fragment is deleted only once the index shows its whole span
@@ -228,6 +242,14 @@ class Replica:
         if res is None or res.header.etcd.revision != revision or min_revision > revision:
             return None
         return res
+
+    def limiter_for(self, rate: int) -> RateLimiter | None:
+        """The bucket for the spec's current max_append_rate (None: unlimited)."""
+        if rate <= 0:
+            self.limiter = None
+        elif self.limiter is None or self.limiter.rate != rate:
+            self.limiter = RateLimiter(rate)
+        return self.limiter
 
     def close(self) -> None:
         """Release files (the replica left this coordinator)."""

@@ -36,6 +36,7 @@ from quire.protocol import (
     ReplicateProposal,
     Route,
     Status,
+    Suspend,
 )
 from quire.protocol.errors import ProtocolError, QuireError, ValidationError
 from quire.protocol.stream import FrameStream
@@ -44,6 +45,7 @@ from . import metrics
 from .append_api import serve_append
 from .read_api import serve_fetch, serve_list_fragments, serve_read
 from .replica import LocalPersister, Persister, Replica
+from .recovery import RecoveredFragments, scan_spool_dir
 from .replicate_api import serve_replicate
 from .spool import DiskFiles
 from .hosting import Hosting
@@ -80,6 +82,10 @@ class Server:
         if isinstance(holder, dict):
             holder["server"] = self  # the persister's callbacks look up routes through us
         self.replicas: dict[str, Replica] = {}
+        self.recovered = RecoveredFragments({})
+        """Closed fragments found on disk at start, of journals not hosted (again) yet."""
+        # Read at scrape time (never on the hot path), summed over the replicas.
+        metrics.SPOOL_BYTES.set_function(self.spool_bytes)
         self.topology = Hosting(self)
         self.keyspace = None  # set once connected
         self.stopping = asyncio.Event()
@@ -100,11 +106,43 @@ class Server:
         r = self.replicas.get(journal)
         if r is None:
             r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
+            r.adopt_local(self.recovered.take(journal))
             metrics.REPLICAS.set(len(self.replicas))
         return r
 
+    def spool_bytes(self) -> float:
+        """Committed bytes in open spools plus closed fragments still on local disk."""
+        total = self.recovered.bytes
+        for r in list(self.replicas.values()):
+            total += r.spool.content_length
+            for lf in r.local:
+                total += lf.fragment.end - lf.fragment.begin
+        return float(total)
+
+    def _recover(self) -> None:
+        """Closed fragments of a previous run go to the persister again (recovery.py)."""
+        journals = self.keyspace.journals
+
+        def codec_of(journal: str):  # noqa: ANN202
+            entry = journals.get(journal)
+            return entry.spec.fragment.compression_codec if entry is not None else None
+
+        self.recovered = RecoveredFragments(scan_spool_dir(self.files, codec_of))
+        for journal, frags in self.recovered.by_journal.items():
+            log.info("re-queueing closed fragments of a previous run", journal=journal,
+                     count=len(frags), end=frags[-1].fragment.end)
+            for lf in frags:
+                # primary=True: send now. Nobody else may still hold these bytes, and a
+                # duplicate persist task costs the worker one Exists check.
+                self._on_closed(lf.fragment, lf.file.path if lf.file else None, True)
+
     async def advertise_route(self, journal: str, route: Route) -> int:
         return await self.topology.advertise(journal, route)
+
+    async def update_suspend(self, journal: str, suspend: Suspend) -> int:
+        from .suspend import update_suspend
+
+        return await update_suspend(self.topology.client, self.keyspace, journal, suspend)
 
     async def teardown_pipeline(self, replica: Replica) -> None:
         pln, replica.pipeline = replica.pipeline, None
@@ -137,9 +175,13 @@ class Server:
             try:
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg
+                    self._recover()
                     await self.topology.start(tg)
                     self.ready.set()
-                    log.info("coordinator serving", id=str(self.me), listen=self.cfg.listen)
+                    # The loop's class says whether uvloop is really in charge (main.py
+                    # asks for it; tests and embedders may run us on plain asyncio).
+                    log.info("coordinator serving", id=str(self.me), listen=self.cfg.listen,
+                             loop=type(asyncio.get_running_loop()).__module__)
                     await self.stopping.wait()
                     log.info("coordinator stopping", id=str(self.me))
                     server.close()

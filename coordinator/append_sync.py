@@ -1,0 +1,155 @@
+"""The append FSM's pipeline states: acquiring, (re)building and synchronizing it.
+
+ACQUIRE_PIPELINE, START_PIPELINE, SEND_PIPELINE_SYNC, RECV_PIPELINE_SYNC and
+UPDATE_ASSIGNMENTS (the seed's states of the same names) as a mixin of `AppendFSM`
+(append_fsm.py), which holds the loop, RESOLVE, the precondition checks and the
+content/acknowledgement states. They are split along this seam because these states
+run only when the pipeline is missing, stale or unsynchronized (a route change), while
+the others run on every append. Each state keeps its `_on_<state>` handler here, and
+the synchronous common case of a state is its `_fast_<state>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from quire.protocol import LabelSet, Status
+from quire.protocol.errors import QuireError
+
+from .append_rules import Decision, State, decide_acquired, decide_assignments, decide_start, decide_sync
+from .pipeline import Pipeline, PipelineBroken
+from .replica import acquire_within
+
+if TYPE_CHECKING:
+    from .replica import Replica
+
+LOCK_TIMEOUT = 30.0
+
+
+class PipelineSyncStates:
+    """Mixin: needs AppendFSM's attributes and `_go` / `_fail` / `_route_valid`."""
+
+    broker: Any
+    req: Any
+    res: Any
+    replica: Replica | None
+    pipeline: Pipeline | None
+    owns_pipeline: bool
+    read_through: int
+    roll_to: int | None
+    roll_registers: LabelSet | None
+    _ticket: Any
+
+    def _go(self, decision: Decision | State) -> None: ...
+    def _fail(self, status: Status, message: str) -> None: ...
+    def _route_valid(self) -> bool: ...
+    @property
+    def _log(self) -> Any: ...
+
+    # -- ACQUIRE_PIPELINE ---------------------------------------------------------------
+
+    async def _on_acquire_pipeline(self) -> None:
+        assert self.replica is not None
+        if not await acquire_within(self.replica.pipeline_lock, LOCK_TIMEOUT):
+            return self._fail(Status.UNAVAILABLE, "timed out waiting for the pipeline")
+        self.owns_pipeline = True
+        self._go(decide_acquired(self._route_valid()))
+
+    # -- START_PIPELINE -----------------------------------------------------------------
+
+    def _fast_start_pipeline(self) -> bool:
+        pln = self.replica.pipeline  # type: ignore[union-attr]
+        if pln is None or pln.broken is not None or not pln.synced:
+            return False
+        d = decide_start(pln.route, True, self.res.route, True)
+        if d.state is not State.UPDATE_ASSIGNMENTS:
+            return False
+        self.pipeline = pln
+        self._go(d)
+        return True
+
+    async def _on_start_pipeline(self) -> None:
+        replica = self.replica
+        assert replica is not None
+        if self._fast_start_pipeline():
+            return
+        pln = replica.pipeline
+        d = decide_start(None, False, self.res.route, True)  # rebuild and sync
+        if pln is not None:
+            await self.broker.teardown_pipeline(replica)
+        try:
+            await asyncio.wait_for(replica.spool_lock.acquire(), LOCK_TIMEOUT)
+        except asyncio.TimeoutError:
+            return self._fail(Status.UNAVAILABLE, "timed out waiting for the spool")
+        if not self._route_valid():
+            replica.spool_lock.release()
+            return self._go(State.RESOLVE)
+        try:
+            self.pipeline = await Pipeline.open(replica, self.res.header, self.broker.me)
+        except PipelineBroken as exc:
+            replica.spool_lock.release()
+            return self._fail(Status.UNAVAILABLE, str(exc))
+        replica.pipeline = self.pipeline
+        self._go(d)
+
+    # -- SEND_PIPELINE_SYNC / RECV_PIPELINE_SYNC ----------------------------------------
+
+    async def _on_send_pipeline_sync(self) -> None:
+        pln, spool = self.pipeline, self.replica.spool  # type: ignore[union-attr]
+        assert pln is not None
+        if self.roll_to is not None:
+            prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers)
+            self._log.info("rolling spool in sync", roll_to=self.roll_to)
+            self.roll_to = self.roll_registers = None
+        else:
+            prop = spool.rollback_proposal(acknowledge=True)
+        try:
+            pln.send_proposal(prop, first=True)
+            self._ticket = pln.ticket()
+            await pln.drain()
+        except PipelineBroken as exc:
+            return self._fail(Status.UNAVAILABLE, str(exc))
+        self._go(State.RECV_PIPELINE_SYNC)
+
+    async def _on_recv_pipeline_sync(self) -> None:
+        pln, replica = self.pipeline, self.replica
+        assert pln is not None and replica is not None and self._ticket is not None
+        try:
+            responses = await pln.gather(self._ticket)
+        except Exception as exc:  # noqa: BLE001 - a broken peer fails this append
+            await self.broker.teardown_pipeline(replica)
+            return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
+        d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision)
+        if d.state is State.UPDATE_ASSIGNMENTS:
+            pln.synced = True
+            # Bytes the spool holds after a sync are part of the journal now (at worst
+            # at-least-once leftovers of a failed append): readers may see them.
+            replica.publish(replica.spool.end)
+        elif d.state is State.SEND_PIPELINE_SYNC:
+            self.roll_to, self.roll_registers = d.roll_to, d.registers
+        else:
+            await self.broker.teardown_pipeline(replica)
+            self.read_through = max(self.read_through, d.read_through)
+        self._go(d)
+
+    # -- UPDATE_ASSIGNMENTS -------------------------------------------------------------
+
+    def _fast_update_assignments(self) -> bool:
+        d = decide_assignments([a.value for a in self.res.assignments], self.res.route)
+        if d.state is State.RESOLVE:
+            return False  # the route must be advertised first
+        self._go(d)
+        return True
+
+    async def _on_update_assignments(self) -> None:
+        if self._fast_update_assignments():
+            return
+        try:  # decide_assignments said RESOLVE: advertise the route first
+            rev = await self.broker.advertise_route(self.req.journal, self.res.route)
+        except QuireError as exc:
+            # Assignments moved under us: re-resolve and decide again.
+            self._log.info("advertising the route failed; re-resolving", error=str(exc))
+            rev = self.broker.keyspace.revision + 1
+        self.read_through = max(self.read_through, rev)
+        self._go(State.RESOLVE)

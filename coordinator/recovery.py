@@ -1,0 +1,120 @@
+"""Closed fragments left in the spool directory by a previous run of this coordinator.
+
+A closed fragment's file is sealed as `<spool_dir>/<journal>/<begin>-<end>-<sum>.raw`
+(spool.DiskFile.seal) and kept until the fragment index shows it persisted. If the
+process stops first, the file is still the only local copy and may be the only copy
+at all (the persist task may never have run: Redis keeps no tasks across its own
+restart, and a task queued just before our crash may be lost). So on start every
+sealed file is handed to the persister again (persist tasks are idempotent: a
+duplicate costs an Exists check) and kept until the index covers it — by the replica
+it belongs to if we host the journal again, else by `RecoveredFragments.persisted`.
+
+What is not recovered, on purpose: `*.spool` files (an open spool at the crash: which
+of its bytes were committed, and their SHA-1, is unknown; the journal's other
+replicas hold the committed ones, as in Gazette, whose spools are unlinked temp files)
+and the recycle pool `.free/`. Both are deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from quire.logs import get_logger
+from quire.protocol import Codec, Fragment
+
+from .replica import LocalFragment
+from .spool import DiskFile, DiskFiles
+
+__all__ = ["RecoveredFragments", "scan_spool_dir"]
+
+log = get_logger(__name__)
+
+_SEALED = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-f]{40})\.raw$")
+
+
+def scan_spool_dir(files: DiskFiles, codec_of: Callable[[str], Codec | None]
+                   ) -> dict[str, list[LocalFragment]]:
+    """journal -> its sealed fragments on disk (in offset order), each with an open file.
+
+    `codec_of(journal)` is the journal's current codec, or None if the journal no longer
+    exists (its files are then left alone: nothing could persist them, and an operator
+    may still want them). A file whose size does not match its name is left alone too.
+    """
+    root = files.root
+    found: dict[str, list[LocalFragment]] = {}
+    if not root.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root and ".free" in dirnames:
+            dirnames.remove(".free")
+            _remove_all(root / ".free")
+        journal = here.relative_to(root).as_posix()
+        for name in filenames:
+            path = here / name
+            if name.endswith(".spool"):
+                log.info("dropping an open spool left by a previous run", path=str(path))
+                path.unlink(missing_ok=True)
+                continue
+            m = _SEALED.match(name)
+            if m is None or journal == ".":
+                continue
+            begin, end, digest = int(m[1], 16), int(m[2], 16), m[3]
+            codec = codec_of(journal)
+            if codec is None or end <= begin or path.stat().st_size != end - begin:
+                log.warning("leaving an unrecognised fragment file alone", path=str(path),
+                            journal_exists=codec is not None)
+                continue
+            frag = Fragment(journal=journal, begin=begin, end=end, sum=digest, codec=codec)
+            fd = os.open(path, os.O_RDWR)
+            found.setdefault(journal, []).append(LocalFragment(frag, DiskFile(path, None, fd)))
+    for frags in found.values():
+        frags.sort(key=lambda lf: (lf.fragment.begin, lf.fragment.end))
+    return found
+
+
+def _remove_all(d: Path) -> None:
+    for p in d.iterdir():
+        p.unlink(missing_ok=True)
+
+
+class RecoveredFragments:
+    """Recovered fragments of journals we do not (yet) host again."""
+
+    def __init__(self, by_journal: dict[str, list[LocalFragment]]) -> None:
+        self.by_journal = by_journal
+
+    def journals(self) -> Iterable[str]:
+        return list(self.by_journal)
+
+    def take(self, journal: str) -> list[LocalFragment]:
+        """Hand a journal's fragments to its (new) replica, which drops them once persisted."""
+        return self.by_journal.pop(journal, [])
+
+    def persisted(self, journal: str, remote: Iterable[Fragment]) -> None:
+        """Delete the files the index shows persisted (whole span covered)."""
+        frags = self.by_journal.get(journal)
+        if not frags:
+            return
+        spans = [(f.begin, f.end) for f in remote if f.end > f.begin]
+        kept = []
+        for lf in frags:
+            if any(b <= lf.fragment.begin and lf.fragment.end <= e for b, e in spans):
+                assert lf.file is not None
+                lf.file.discard()
+                log.info("recovered fragment persisted; deleted", journal=journal,
+                         begin=lf.fragment.begin, end=lf.fragment.end)
+            else:
+                kept.append(lf)
+        if kept:
+            self.by_journal[journal] = kept
+        else:
+            del self.by_journal[journal]
+
+    @property
+    def bytes(self) -> int:
+        return sum(lf.fragment.end - lf.fragment.begin for frags in self.by_journal.values()
+                   for lf in frags)
