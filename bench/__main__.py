@@ -1,0 +1,5 @@
+"""`python -m bench` is `quire bench`."""
+
+from .main import main
+
+main()

@@ -1,0 +1,210 @@
+"""`quire bench`: quire against its peer and the machine's limits, in one run.
+
+    quire bench --quick --json bench.json
+
+One run starts its own cluster (etcd + N coordinator subprocesses, a file store),
+measures quire's appends and AppendService, a private redis-server's XADD, SHA-1 and
+loopback TCP, and a coordinator's RSS with 1/100/1,000 idle journals, then prints the
+ratios. Every key of the JSON is documented in docs/benchmarks.md ("Bench" section).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from chaos.cluster import LocalCluster
+from quire.client import Client
+from quire.logs import configure_logging
+from quire.protocol import Codec, FragmentSpec, JournalSpec
+
+from .limits import measure_limits
+from .matrix import append_case, message_rate
+from .peers import measure_redis, size_name
+from .rss import measure_rss
+
+__all__ = ["command", "run_bench", "ratios"]
+
+SIZES = (1 << 10, 64 << 10, 1 << 20)
+REPLICATION = (1, 3)
+CONCURRENCY = (1, 8, 64)
+MESSAGE_SIZE = 100
+
+
+async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_seconds: float,
+                 say: Any) -> dict[str, Any]:
+    store = (workdir / "store").as_uri() + "/"
+    (workdir / "store").mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    client = Client(cluster.endpoints, retry_timeout=30)
+    try:
+        specs = [JournalSpec(name=f"bench/r{r}", replication=r, fragment=FragmentSpec(
+            stores=(store,), compression_codec=Codec.NONE)) for r in REPLICATION]
+        specs.append(JournalSpec(name="bench/messages", replication=3, fragment=FragmentSpec(
+            stores=(store,), compression_codec=Codec.NONE)))
+        await client.apply(specs)
+        for spec in specs:  # first append waits out the route's assignment
+            await client.append(spec.name, b"", retry_timeout=60)
+        for r in REPLICATION:
+            for size in SIZES:
+                for c in CONCURRENCY:
+                    res = await append_case(client, f"bench/r{r}", size, c, seconds=seconds)
+                    key = f"quire_r{r}_{size_name(size)}_c{c}"
+                    for metric in ("ops", "mbps", "p50_ms", "p99_ms", "errors"):
+                        out[f"{key}_{metric}"] = res["ops_per_s" if metric == "ops" else metric]
+                    if res["first_error"]:
+                        out[f"{key}_first_error"] = res["first_error"]
+                    say(f"quire R={r} {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
+        res = await message_rate(client, "bench/messages", seconds=msg_seconds, size=MESSAGE_SIZE)
+        out["quire_appendservice_100b_r3_msgs"] = res["msgs_per_s"]
+        out["quire_appendservice_100b_r3_mbps"] = res["mbps"]
+        out["quire_appendservice_100b_r3_errors"] = res["errors"]
+        say(f"AppendService: {res['msgs_per_s']:.0f} msgs/s")
+    finally:
+        await client.close()
+    return out
+
+
+def ratios(fig: dict[str, Any]) -> dict[str, float]:
+    """quire / Redis (same size and concurrency), quire / SHA-1, quire / loopback."""
+    out: dict[str, float] = {}
+
+    def div(a: Any, b: Any) -> float | None:
+        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+    for r in REPLICATION:
+        for size in SIZES:
+            for c in CONCURRENCY:
+                key = f"quire_r{r}_{size_name(size)}_c{c}"
+                peer = f"redis_{size_name(size)}_{'sync' if c == 1 else f'c{c}'}_ops"
+                for name, value in (
+                    ("vs_redis", div(fig.get(f"{key}_ops"), fig.get(peer))),
+                    ("vs_sha1", div(fig.get(f"{key}_mbps"), fig.get("sha1_1m_mbps"))),
+                    ("vs_loopback", div(fig.get(f"{key}_mbps"), fig.get("loopback_tcp_mbps"))),
+                ):
+                    if value is not None:
+                        out[f"ratio_{key}_{name}"] = value
+    v = div(fig.get("quire_appendservice_100b_r3_msgs"), fig.get("redis_100b_pipe_ops"))
+    if v is not None:
+        out["ratio_appendservice_vs_redis_pipe"] = v
+    return out
+
+
+def run_bench(quick: bool, workdir: Path, coordinators: int, console: Console) -> dict[str, Any]:
+    say = (lambda msg: console.log(msg)) if console else (lambda msg: None)
+    t0 = time.monotonic()
+    fig: dict[str, Any] = {
+        "quick": quick, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(), "processor": _cpu_model()},
+        "coordinators": coordinators, "loadavg_start": os.getloadavg()[0],
+    }
+    seconds = 1.5 if quick else 4.0
+    say("limits: SHA-1, loopback TCP")
+    fig.update(measure_limits(quick=quick))
+    say("peer: redis-server XADD")
+    fig.update(measure_redis((MESSAGE_SIZE, *SIZES), CONCURRENCY, seconds=1.0 if quick else 3.0,
+                             progress=say))
+    say(f"quire: starting {coordinators} coordinators")
+    with LocalCluster(coordinators, zones=("zone-a", "zone-b"), workdir=workdir / "cluster") as cl:
+        fig.update(asyncio.run(_quire(cl, workdir, seconds, 3.0 if quick else 8.0, say)))
+    say("quire: RSS of an idle coordinator")
+    fig.update(measure_rss(workdir, settle=1.0 if quick else 3.0))
+    fig.update(ratios(fig))
+    fig["wall_seconds"] = time.monotonic() - t0
+    fig["loadavg_end"] = os.getloadavg()[0]
+    return fig
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def render(fig: dict[str, Any], console: Console) -> None:
+    t = Table(title="appends: quire vs Redis XADD (ops/s) and the machine's bounds (MB/s)")
+    for col in ("R", "size", "conc", "ops/s", "MB/s", "p50 ms", "p99 ms", "redis ops/s",
+                "quire/redis", "quire/SHA-1", "quire/loopback"):
+        t.add_column(col, justify="right")
+    for r in REPLICATION:
+        for size in SIZES:
+            for c in CONCURRENCY:
+                k = f"quire_r{r}_{size_name(size)}_c{c}"
+                peer = f"redis_{size_name(size)}_{'sync' if c == 1 else f'c{c}'}_ops"
+                t.add_row(str(r), size_name(size), str(c), _fmt(fig.get(f"{k}_ops"), 0),
+                          _fmt(fig.get(f"{k}_mbps")), _fmt(fig.get(f"{k}_p50_ms"), 2),
+                          _fmt(fig.get(f"{k}_p99_ms"), 2), _fmt(fig.get(peer), 0),
+                          _fmt(fig.get(f"ratio_{k}_vs_redis"), 2),
+                          _fmt(fig.get(f"ratio_{k}_vs_sha1"), 3),
+                          _fmt(fig.get(f"ratio_{k}_vs_loopback"), 3))
+    console.print(t)
+    m = Table(title="100-byte JSON messages (R=3 AppendService vs Redis XADD pipelined x100)")
+    for col in ("quire msgs/s", "redis pipelined ops/s", "redis unpipelined ops/s", "quire/redis"):
+        m.add_column(col, justify="right")
+    m.add_row(_fmt(fig.get("quire_appendservice_100b_r3_msgs"), 0),
+              _fmt(fig.get("redis_100b_pipe_ops"), 0), _fmt(fig.get("redis_100b_sync_ops"), 0),
+              _fmt(fig.get("ratio_appendservice_vs_redis_pipe"), 2))
+    console.print(m)
+    lim = Table(title="limits (same run) and coordinator RSS")
+    lim.add_column("figure")
+    lim.add_column("value", justify="right")
+    for k in ("sha1_1m_mbps", "sha1_64k_mbps", "sha1_1k_mbps", "loopback_tcp_mbps",
+              "loopback_rtt_1k_x1_ops", "loopback_rtt_1k_x64_ops", "rss_0_journals_mb",
+              "rss_1_journals_mb", "rss_100_journals_mb", "rss_1000_journals_mb"):
+        lim.add_row(k, _fmt(fig.get(k)))
+    console.print(lim)
+
+
+def command(
+    quick: bool = typer.Option(False, "--quick", help="Short cases (about two minutes)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every figure here."),
+    coordinators: int = typer.Option(3, "--coordinators", min=3, max=5),
+    keep: bool = typer.Option(False, "--keep", help="Keep the work directory."),
+    log_level: str = typer.Option("WARNING", "--log-level"),
+) -> None:
+    """Benchmark quire against Redis Streams and the machine's SHA-1 / loopback limits."""
+    configure_logging(format="console", level=log_level, stream=sys.stderr)
+    console = Console(width=150)
+    workdir = Path(tempfile.mkdtemp(prefix="quire-bench-"))
+    try:
+        fig = run_bench(quick, workdir, coordinators, console)
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    render(fig, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps(fig, indent=1, sort_keys=True))
+        console.print(f"figures written to {json_out}")
+
+
+def main() -> None:
+    typer.run(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""quire's own figures: append throughput/latency and AppendService message rate.
+
+  * `append_case`: `concurrency` tasks, each doing one `Client.append` at a time to the
+    same journal (the coordinator pipelines them), payloads of `size` bytes; ops/s,
+    MB/s and client-side latency p50/p99. Bounded by time and by bytes.
+  * `message_rate`: 100-byte JSON lines through `AppendService` (which batches many
+    small messages into few transactional appends); messages/s until every accepted
+    message is acknowledged.
+
+Every case uses the cluster started by `bench.main` (loopback only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from quire.client import AppendService, Client
+
+__all__ = ["append_case", "message_rate", "json_message"]
+
+MB = 1e6
+
+
+def _pct(lat: list[float], q: float) -> float:
+    if not lat:
+        return float("nan")
+    lat = sorted(lat)
+    return lat[min(len(lat) - 1, int(len(lat) * q))]
+
+
+async def append_case(client: Client, journal: str, size: int, concurrency: int, *,
+                      seconds: float, max_bytes: int = 2 << 30, max_ops: int = 1_000_000
+                      ) -> dict[str, Any]:
+    payload = bytes(size)
+    limit = max(concurrency, min(max_ops, max_bytes // size))
+    lat: list[float] = []
+    errors: list[str] = []
+    started = 0
+    deadline = time.perf_counter() + seconds
+
+    async def one() -> None:
+        nonlocal started
+        while started < limit and time.perf_counter() < deadline and len(errors) < 10:
+            started += 1
+            s = time.perf_counter()
+            try:
+                await client.append(journal, payload)
+            except Exception as exc:  # noqa: BLE001 - reported in the figures
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            lat.append(time.perf_counter() - s)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    n = len(lat)
+    return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n,
+            "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
+            "errors": len(errors), "first_error": errors[0] if errors else ""}
+
+
+def json_message(i: int, size: int = 100) -> bytes:
+    """A JSON line of exactly `size` bytes (newline included)."""
+    head = json.dumps({"id": i, "ts": 1700000000.0, "pad": ""}, separators=(",", ":"))
+    pad = size - len(head) - 1
+    return head.replace('"pad":""', '"pad":"' + "x" * max(0, pad) + '"').encode() + b"\n"
+
+
+async def message_rate(client: Client, journal: str, *, seconds: float, size: int = 100,
+                       max_messages: int = 5_000_000, window: int = 20_000) -> dict[str, Any]:
+    svc = AppendService(client)
+    msgs = [json_message(i, size) for i in range(256)]
+    assert all(len(m) == size for m in msgs)
+    pending: list[asyncio.Future[Any]] = []
+    n = 0
+    errors = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    try:
+        while n < max_messages and time.perf_counter() < deadline:
+            pending.append(await svc.append(journal, msgs[n & 255]))
+            n += 1
+            if len(pending) >= window:
+                # Bound the futures we hold; wait for the oldest half.
+                half, pending = pending[:window // 2], pending[window // 2:]
+                for r in await asyncio.gather(*half, return_exceptions=True):
+                    errors += isinstance(r, BaseException)
+        for r in await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 120):
+            errors += isinstance(r, BaseException)
+        elapsed = time.perf_counter() - t0
+    finally:
+        await svc.close(timeout=30)
+    ok = n - errors
+    return {"msgs_per_s": ok / elapsed, "mbps": ok * size / elapsed / MB, "n": ok,
+            "errors": errors}

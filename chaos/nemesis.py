@@ -1,0 +1,169 @@
+"""The nemesis: plays a fault schedule against a running cluster.
+
+Each `FaultEvent` is resolved to a concrete target when it fires (the primary of a
+journal is looked up in the routes the cluster reports at that moment), applied,
+held for its duration, and healed. Blocking process control (kill, start, waiting
+for readiness) runs in a thread so the proxies, which live on this event loop, keep
+forwarding meanwhile. Every fault becomes a `FaultRecord` in the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from quire.services import Service, ServiceError
+
+from .cluster import CoordinatorService, LocalCluster
+from .history import FaultRecord, History
+from .proxy import Fault, FaultMode, FaultProxy
+from .schedule import FaultEvent, FaultKind
+
+__all__ = ["Nemesis", "Links"]
+
+log = structlog.get_logger("chaos.nemesis")
+
+RouteLookup = Callable[[str], Awaitable[tuple[str | None, list[str]]]]
+"""journal -> (primary process id "zone#suffix", other member ids)."""
+
+
+@dataclass
+class Links:
+    """The proxies in front of coordinator i: clients use `client[i]`, peers `peer[i]`
+    (empty when the coordinator cannot advertise a proxy endpoint)."""
+
+    client: list[FaultProxy] = field(default_factory=list)
+    peer: list[FaultProxy] = field(default_factory=list)
+
+    def all(self) -> list[FaultProxy]:
+        return [*self.client, *self.peer]
+
+
+class Nemesis:
+    def __init__(self, cluster: LocalCluster, links: Links, history: History,
+                 journals: list[str], routes: RouteLookup) -> None:
+        self.cluster = cluster
+        self.links = links
+        self.history = history
+        self.journals = journals
+        self.routes = routes
+        self.skipped: list[str] = []
+
+    def _by_id(self, pid: str | None) -> CoordinatorService | None:
+        for c in self.cluster.coordinators:
+            if c.process_id == pid:
+                return c
+        return None
+
+    async def run(self, events: list[FaultEvent], stop: asyncio.Event) -> None:
+        for ev in events:
+            wait = ev.at - self.history.now()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+            if stop.is_set():
+                return
+            try:
+                await self.apply(ev)
+            except Exception as exc:  # noqa: BLE001 - one failed fault must not end the run
+                log.error("nemesis.fault_failed", kind=ev.kind.value, error=repr(exc))
+                self.skipped.append(f"{ev.kind.value}@{ev.at}: {exc!r}")
+                await self.heal_all()
+
+    async def apply(self, ev: FaultEvent) -> None:
+        journal = self.journals[ev.journal % len(self.journals)]
+        kind = ev.kind
+        if kind in (FaultKind.KILL_PRIMARY, FaultKind.KILL_REPLICA, FaultKind.PAUSE_PRIMARY):
+            primary, others = await self.routes(journal)
+            pid = primary if kind is not FaultKind.KILL_REPLICA else (others[0] if others else None)
+            target = self._by_id(pid)
+            if target is None or not target.running:
+                self.skipped.append(f"{kind.value}@{ev.at}: no target for {journal} ({pid})")
+                log.warning("nemesis.no_target", kind=kind.value, journal=journal, pid=pid)
+                return
+            # The fault's time is when it took effect (the kill returned), so recovery
+            # is not flattered by appends that were already in flight.
+            if kind is FaultKind.PAUSE_PRIMARY:
+                target.pause()
+            else:
+                await asyncio.to_thread(target.kill)
+            rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target=pid or "",
+                                                 journal=journal))
+            await asyncio.sleep(ev.duration)
+            if kind is FaultKind.PAUSE_PRIMARY:
+                target.resume()
+            else:
+                await self._restart(target)
+            self.history.healed(rec)
+        elif kind is FaultKind.ETCD_RESTART:
+            etcd = self.cluster.etcd
+            assert etcd is not None
+            await asyncio.to_thread(etcd.kill)
+            rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target="etcd"))
+            await asyncio.sleep(ev.duration)
+            await self._restart(etcd)
+            self.history.healed(rec)
+        elif kind is FaultKind.KILL_WORKER:
+            worker = self.cluster.worker
+            if worker is None:
+                self.skipped.append(f"{kind.value}@{ev.at}: no worker")
+                return
+            await asyncio.to_thread(worker.kill)
+            rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target="worker"))
+            await asyncio.sleep(ev.duration)
+            await self._restart(worker)
+            self.history.healed(rec)
+        else:
+            proxies = self.links.peer if kind is FaultKind.NET_PEER else self.links.client
+            note = ""
+            if not proxies:
+                # No --advertise: peer links cannot be proxied; fault the client link instead.
+                proxies, note = self.links.client, "peer links not proxied; applied to client link"
+            proxy = proxies[ev.coordinator % len(proxies)]
+            p = ev.params
+            fault = Fault(FaultMode(p["mode"]), delay=p.get("delay", 0.0), jitter=p.get("jitter", 0.0),
+                          direction=p.get("direction", "down"), slice_max=p.get("slice_max", 7))
+            rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target=proxy.name,
+                                                 params=dict(p), note=note))
+            proxy.set_fault(fault)
+            await asyncio.sleep(ev.duration)
+            proxy.heal()
+            self.history.healed(rec)
+
+    async def _restart(self, svc: Service) -> None:
+        """Start a killed service again (same port, same data), bounded."""
+        if svc.running:
+            return
+        for attempt in range(3):
+            try:
+                await asyncio.to_thread(svc.start)
+                return
+            except ServiceError as exc:
+                log.warning("nemesis.restart_failed", service=svc.name, attempt=attempt,
+                            error=str(exc)[:500])
+                await asyncio.sleep(1.0)
+        raise ServiceError(f"{svc.name} did not come back after 3 attempts")
+
+    async def heal_all(self) -> None:
+        """Everything back: proxies pass, paused processes resume, dead ones restart."""
+        for proxy in self.links.all():
+            if proxy.fault.mode is not FaultMode.PASS:
+                proxy.heal()
+        services: list[Service | None] = [self.cluster.etcd, *self.cluster.coordinators,
+                                          self.cluster.worker]
+        for svc in services:
+            if svc is None:
+                continue
+            if svc.paused:
+                svc.resume()
+            if not svc.running:
+                try:
+                    await self._restart(svc)
+                except ServiceError as exc:
+                    log.error("nemesis.heal_failed", service=svc.name, error=str(exc)[:500])

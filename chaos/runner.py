@@ -1,0 +1,379 @@
+"""One chaos run, start to finish.
+
+    proxies up -> cluster up (etcd, redis, S3, a Celery worker, N coordinators in
+    several zones) -> journals applied -> writers + nemesis for `duration` seconds
+    -> heal everything -> read every journal back -> checker -> report
+
+Links: every coordinator i listens on its real port; clients reach it only through
+`client[i]` (the writers' client rewrites every route it learns to those proxies), and
+when the server supports `--advertise` it announces `peer[i]`, so replication and
+proxied appends from its peers cross a second proxy that the nemesis faults apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from quire.client import Client
+from quire.client.routes import RouteCache
+from quire.protocol import Codec, FragmentSpec, Header, JournalSpec, StatusError
+from quire.protocol.errors import Unavailable
+from quire.services import free_port
+
+from .checker import Report, check
+from .cluster import LocalCluster, supports_advertise
+from .history import DEFINITE_STATUSES, History, make_record
+from .nemesis import Links, Nemesis
+from .proxy import FaultProxy
+from .readback import read_back
+from .schedule import DEFAULT_KINDS, FaultKind, ScheduleConfig, build_schedule
+
+__all__ = ["ChaosConfig", "run_chaos"]
+
+log = structlog.get_logger("chaos.runner")
+
+CODECS = (Codec.NONE, Codec.GZIP, Codec.ZSTANDARD, Codec.SNAPPY)
+
+
+@dataclass
+class ChaosConfig:
+    duration: float = 60.0
+    seed: int = 0
+    coordinators: int = 5
+    zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c")
+    journals: int = 8
+    replication: int = 3
+    writers: int = 8
+    rate: float = 250.0
+    """Appends per second, all writers together."""
+    record_bytes: tuple[int, int] = (100, 1000)
+    lease_ttl: int = 5
+    fragment_length: int = 64 << 10
+    kinds: tuple[FaultKind, ...] = DEFAULT_KINDS + (FaultKind.KILL_WORKER,)
+    append_timeout: float = 20.0
+    history_path: str | None = None
+    workdir: str | None = None
+
+
+class _ProxiedRoutes(RouteCache):
+    """A RouteCache that sends every learned endpoint through its client proxy."""
+
+    def __init__(self, seeds: list[str], mapping: dict[str, str]) -> None:
+        super().__init__(seeds)
+        self.mapping = mapping
+
+    def update(self, journal: str, header: Header | None) -> None:
+        if header is not None and header.route.endpoints:
+            route = msgspec.structs.replace(header.route, endpoints=tuple(
+                self.mapping.get(e, e) for e in header.route.endpoints))
+            header = msgspec.structs.replace(header, route=route)
+        super().update(journal, header)
+
+
+_attempts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attempts", default=None)
+
+
+class _TracingClient(Client):
+    """Records the outcome of every attempt of an append (the client retries inside
+    `append`), so a duplicate can be traced to the answer that made it retry."""
+
+    async def _append_once(self, endpoint, request, body):  # type: ignore[no-untyped-def]
+        log_ = _attempts.get()
+        try:
+            response = await super()._append_once(endpoint, request, body)
+        except BaseException as exc:
+            if log_ is not None:
+                log_.append(f"{endpoint}: {type(exc).__name__}: {exc}"[:200])
+            raise
+        if log_ is not None:
+            log_.append(f"{endpoint}: {response.status.name}")
+        return response
+
+
+def classify(exc: BaseException) -> str:
+    """fail (definitely not committed) or info (unknown)."""
+    if isinstance(exc, StatusError):
+        if "outcome unknown" in str(exc):
+            return "info"
+        if exc.status in DEFINITE_STATUSES:
+            return "fail"
+        # Unavailable before the commit was sent, or answered as a routing status by a
+        # broker: the client guarantees it was not committed.
+        if isinstance(exc, Unavailable):
+            return "fail"
+    return "info"
+
+
+@dataclass
+class _Run:
+    cfg: ChaosConfig
+    history: History
+    links: Links = field(default_factory=Links)
+    cluster: LocalCluster | None = None
+    journals: list[str] = field(default_factory=list)
+    store_url: str = ""
+    store_options: dict[str, Any] = field(default_factory=dict)
+    advertise: bool = False
+
+
+async def _writer(i: int, client: Client, run: _Run, stop: asyncio.Event) -> None:
+    cfg, history = run.cfg, run.history
+    rng = random.Random(cfg.seed * 1000 + i)
+    interval = cfg.writers / cfg.rate
+    next_t = time.monotonic()
+    seq = 0
+    while not stop.is_set():
+        seq += 1
+        # Writer i owns journals i, i+W, ...: a journal that is down stalls only its
+        # own writers, and each journal's unavailability shows in its own history.
+        journal = rng.choice(run.journals[i % len(run.journals)::cfg.writers]
+                             or run.journals)
+        uid, data = make_record(i, seq, rng.randint(*cfg.record_bytes), rng)
+        op = history.invoke(uid, i, seq, journal, len(data))
+        attempts: list[str] = []
+        _attempts.set(attempts)
+        try:
+            res = await asyncio.wait_for(client.append(journal, data, retry_timeout=10.0),
+                                         cfg.append_timeout)
+        except asyncio.TimeoutError:
+            history.complete(op, "info", error="timeout", attempts=attempts)
+        except Exception as exc:  # noqa: BLE001 - every outcome is recorded
+            history.complete(op, classify(exc), error=f"{type(exc).__name__}: {exc}"[:300],
+                             attempts=attempts)
+        else:
+            history.complete(op, "ok", begin=res.begin, end=res.end, attempts=attempts)
+        next_t += interval
+        now = time.monotonic()
+        if next_t < now - 1.0:
+            next_t = now  # fell behind during a fault: do not burst afterwards
+        await asyncio.sleep(max(0.0, next_t - now))
+
+
+async def _tail(client: Client, journal: str, spans: list[tuple[int, bytes]],
+                errors: list[str]) -> None:
+    """Follow a journal from 0 for the whole run, keeping what it saw (cancelled at the
+    end). The Reader retries through route changes; anything else restarts it."""
+    offset = 0
+    while True:
+        try:
+            async for off, data in client.read(journal, offset, follow=True):
+                if spans and spans[-1][0] + len(spans[-1][1]) == off:
+                    spans[-1] = (spans[-1][0], spans[-1][1] + data)
+                else:
+                    spans.append((off, data))
+                offset = off + len(data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - counted; the reader starts again
+            errors.append(f"{journal}: {type(exc).__name__}: {exc}"[:200])
+            await asyncio.sleep(0.5)
+
+
+async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
+    entry = await asyncio.wait_for(admin.get_journal(journal), 10.0)
+    route = entry.route
+    primary = str(route.primary_id) if route.primary_id is not None else None
+    return primary, [str(m) for m in route.members if str(m) != primary]
+
+
+async def _wait_routed(admin: Client, run: _Run, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            entries = await asyncio.wait_for(admin.list_journals(), 10.0)
+            ok = {e.spec.name for e in entries
+                  if e.route.primary >= 0 and len(e.route.members) >= e.spec.replication}
+            if set(run.journals) <= ok:
+                return True
+        except Exception as exc:  # noqa: BLE001 - not yet
+            log.debug("runner.wait_routed", error=str(exc))
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def _setup(run: _Run) -> Client:
+    cfg = run.cfg
+    ports = {i: free_port() for i in range(cfg.coordinators)}
+    for i, port in ports.items():
+        run.links.client.append(await FaultProxy(f"client->c{i}", f"127.0.0.1:{port}",
+                                                 seed=cfg.seed + i).start())
+    run.advertise = await asyncio.to_thread(supports_advertise)
+    advertise: dict[int, str] = {}
+    if run.advertise:
+        for i, port in ports.items():
+            proxy = await FaultProxy(f"peer->c{i}", f"127.0.0.1:{port}", seed=cfg.seed + 100 + i).start()
+            run.links.peer.append(proxy)
+            advertise[i] = proxy.endpoint
+    run.cluster = LocalCluster(
+        cfg.coordinators, zones=cfg.zones, redis=True, s3=True, worker=True,
+        env={"QUIRE_LEASE_TTL_SECONDS": str(cfg.lease_ttl)}, workdir=cfg.workdir,
+        advertise=advertise, ports=ports)
+    await asyncio.to_thread(run.cluster.start)
+    s3 = run.cluster.s3
+    assert s3 is not None
+    await asyncio.to_thread(s3.create_bucket, "chaos")
+    # The client reads persisted fragments straight from the store when a coordinator
+    # hands it a fragment URL; it finds the endpoint and keys in the environment.
+    os.environ.update(s3.client_env())
+    run.store_url = "s3://chaos/run/"
+    run.store_options = {"endpoint": s3.url, "access_key": s3.access_key,
+                         "secret_key": s3.secret_key, "region": s3.region, "secure": False}
+    admin = Client(run.cluster.endpoints, retry_timeout=20.0)
+    run.journals = [f"chaos/j-{i:03d}" for i in range(cfg.journals)]
+    specs = [JournalSpec(name=name, replication=cfg.replication, fragment=FragmentSpec(
+        length=cfg.fragment_length, compression_codec=CODECS[i % len(CODECS)],
+        stores=(run.store_url,), refresh_interval=5.0)) for i, name in enumerate(run.journals)]
+    await admin.apply(specs)
+    if not await _wait_routed(admin, run, 90.0):
+        raise RuntimeError("journals did not get a full route within 90 s")
+    return admin
+
+
+async def _barriers(admin: Client, run: _Run, timeout: float = 90.0
+                    ) -> tuple[dict[str, int], dict[str, str], dict[str, float]]:
+    """Each journal's write head as first seen after healing, then zero-byte appends
+    (transaction barriers: they make a new primary re-synchronise its pipeline, adopting
+    the longest committed fragment among its replicas) until one succeeds or `timeout`.
+    Returns the heads, the last error of journals whose barrier never succeeded (they
+    stayed unavailable after healing) and the seconds each barrier took."""
+    heads: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    took: dict[str, float] = {}
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+
+    async def one(journal: str) -> None:
+        try:
+            heads[journal] = await asyncio.wait_for(admin.write_head(journal), 20)
+        except Exception as exc:  # noqa: BLE001 - reported
+            errors[journal] = f"head: {type(exc).__name__}: {exc}"[:200]
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(admin.append(journal, b"", retry_timeout=min(left, 20)),
+                                       min(left, 30))
+                took[journal] = round(time.monotonic() - t0, 2)
+                errors.pop(journal, None)
+                return
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                errors[journal] = f"barrier: {type(exc).__name__}: {exc}"[:200]
+                await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(one(j) for j in run.journals))
+    return heads, errors, took
+
+
+def _mapping(run: _Run) -> dict[str, str]:
+    """Every endpoint a route may name (real or advertised) -> that coordinator's client proxy."""
+    assert run.cluster is not None
+    out = {}
+    for i, c in enumerate(run.cluster.coordinators):
+        out[c.endpoint] = run.links.client[i].endpoint
+        if run.links.peer:
+            out[run.links.peer[i].endpoint] = run.links.client[i].endpoint
+    return out
+
+
+async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
+    """Run and check; returns the report and the run's metadata (schedule, config...)."""
+    run = _Run(cfg, History(cfg.history_path))
+    schedule = build_schedule(ScheduleConfig(
+        duration=cfg.duration, seed=cfg.seed, journals=cfg.journals,
+        coordinators=cfg.coordinators, lease_ttl=cfg.lease_ttl, kinds=cfg.kinds))
+    meta: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()},
+                            "schedule": [e.to_json() for e in schedule],
+                            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                        "platform": platform.platform()}}
+    meta["config"]["kinds"] = [k.value for k in cfg.kinds]
+    admin: Client | None = None
+    writer_client: Client | None = None
+    try:
+        admin = await _setup(run)
+        assert run.cluster is not None
+        meta["peer_links_proxied"] = run.advertise
+        writer_client = _TracingClient([p.endpoint for p in run.links.client], retry_timeout=10.0)
+        writer_client.routes = _ProxiedRoutes(writer_client.endpoints, _mapping(run))
+
+        async def lookup(journal: str) -> tuple[str | None, list[str]]:
+            assert admin is not None
+            return await _route(admin, journal)
+
+        nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup)
+        stop = asyncio.Event()
+        run.history.t0 = time.monotonic()
+        started = time.monotonic()
+        writers = [asyncio.ensure_future(_writer(i, writer_client, run, stop))
+                   for i in range(cfg.writers)]
+        nem = asyncio.ensure_future(nemesis.run(schedule, stop))
+        tail_client = Client([p.endpoint for p in run.links.client], retry_timeout=10.0)
+        tail_client.routes = _ProxiedRoutes(tail_client.endpoints, _mapping(run))
+        tail_spans: dict[str, list[tuple[int, bytes]]] = {j: [] for j in run.journals}
+        tail_errors: list[str] = []
+        tails = [asyncio.ensure_future(_tail(tail_client, j, tail_spans[j], tail_errors))
+                 for j in run.journals]
+        await asyncio.sleep(cfg.duration)
+        stop.set()
+        await asyncio.wait(writers, timeout=cfg.append_timeout + 10)
+        for w in writers:
+            w.cancel()
+        try:
+            await asyncio.wait_for(nem, 60)
+        except asyncio.TimeoutError:
+            log.error("runner.nemesis_stuck")
+        for t in tails:
+            t.cancel()
+        await asyncio.gather(*tails, return_exceptions=True)
+        await tail_client.close()
+        meta["reader_errors"] = len(tail_errors)
+        meta["reader_error_examples"] = tail_errors[:5]
+        await nemesis.heal_all()
+        meta["wall_seconds"] = round(time.monotonic() - started, 1)
+        meta["skipped_faults"] = nemesis.skipped
+        meta["proxy_stats"] = {p.name: asdict(p.stats) for p in run.links.all()}
+        meta["routed_after_heal"] = await _wait_routed(admin, run, 60.0)
+        (meta["heads_before_barrier"], meta["unavailable_after_heal"],
+         meta["barrier_seconds"]) = await _barriers(admin, run)
+        members: dict[str, list[str]] = {}
+        real = {str(c.process_id): c.endpoint for c in run.cluster.coordinators}
+        try:
+            for entry in await asyncio.wait_for(admin.list_journals(), 30):
+                members[entry.spec.name] = [real[str(m)] for m in entry.route.members
+                                            if str(m) in real]
+        except Exception as exc:  # noqa: BLE001 - then read every coordinator's replica
+            log.warning("runner.list_failed", error=str(exc))
+        for journal in run.journals:
+            if not members.get(journal):  # no route: ask every coordinator for its replica
+                members[journal] = list(real.values())
+        readbacks = await read_back(admin, run.journals, members, run.store_url, run.store_options)
+        for rb in readbacks:
+            rb.head_seen = meta["heads_before_barrier"].get(rb.journal, -1)
+            rb.unavailable = meta["unavailable_after_heal"].get(rb.journal, "")
+            rb.views["reader"] = tail_spans.get(rb.journal, [])
+        report = check(readbacks, run.history.ops, run.history.faults)
+        return report, meta
+    finally:
+        run.history.close()
+        for c in (writer_client, admin):
+            if c is not None:
+                await c.close()
+        if run.cluster is not None:
+            await asyncio.to_thread(run.cluster.close)
+        for p in run.links.all():
+            await p.close()
+
+
+def default_history_path(out: str | None) -> str | None:
+    return str(Path(out).with_suffix(".history.jsonl")) if out else None

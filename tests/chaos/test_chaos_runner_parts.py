@@ -1,0 +1,40 @@
+"""Pure parts of the runner: outcome classification and route rewriting."""
+
+from __future__ import annotations
+
+from chaos.runner import _ProxiedRoutes, classify
+from quire.protocol import Header, ProcessId, Route, Status
+from quire.protocol.errors import (
+    Aborted,
+    IndexHasGreaterOffset,
+    JournalNotFound,
+    NotJournalPrimaryBroker,
+    Unavailable,
+    WrongAppendOffset,
+)
+
+
+def test_classify_definite_and_indefinite() -> None:
+    assert classify(JournalNotFound("x")) == "fail"
+    assert classify(WrongAppendOffset("x")) == "fail"
+    assert classify(NotJournalPrimaryBroker("x")) == "fail"
+    assert classify(Unavailable("connection refused before the commit")) == "fail"
+    assert classify(Unavailable("outcome unknown: connection reset")) == "info"
+    assert classify(Aborted("pipeline broke")) == "info"
+    assert classify(IndexHasGreaterOffset("x")) == "info"
+    assert classify(TimeoutError()) == "info"
+    assert classify(ConnectionResetError()) == "info"
+    assert Status.UNAVAILABLE.retriable
+
+
+def test_routes_are_rewritten_to_client_proxies() -> None:
+    routes = _ProxiedRoutes(["127.0.0.1:9001"], {"127.0.0.1:7001": "127.0.0.1:9001",
+                                                  "127.0.0.1:7002": "127.0.0.1:9002"})
+    route = Route(members=(ProcessId("zone-a", "coord0"), ProcessId("zone-b", "coord1")),
+                  primary=1, endpoints=("127.0.0.1:7001", "127.0.0.1:7002"))
+    routes.update("a/b", Header(route=route))
+    assert routes.for_append("a/b") == "127.0.0.1:9002"
+    got = routes.get("a/b")
+    assert got is not None and got.endpoints == ("127.0.0.1:9001", "127.0.0.1:9002")
+    routes.update("c/d", None)  # nothing to learn
+    assert routes.get("c/d") is None

@@ -1,0 +1,35 @@
+"""`quire chaos --duration 60` end to end: a real cluster, real faults, zero anomalies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.checker import SAFETY_KEYS
+from chaos.cluster import coordinator_available
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not coordinator_available(),
+                       reason="the coordinator package (coordinator.main) is not present yet"),
+]
+
+
+def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaos.main", "--duration", "60", "--seed", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert out.exists(), f"no summary written (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    summary = json.loads(out.read_text())
+    safety = summary["safety"]
+    assert set(safety) == set(SAFETY_KEYS)
+    assert all(v == 0 for v in safety.values()), (safety, summary["examples"])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert summary["appends"]["acknowledged"] > 0
+    assert sum(summary["faults"].values()) > 0
