@@ -85,9 +85,9 @@ def raw_read(store: Any, fragments: list[Fragment]) -> tuple[int, float]:
 def serial_read(url: str, options: dict[str, str]) -> tuple[int, float]:
     """Plan + frame + Arrow rows, one span after another in this process: the per-core
     cost of quire's read path without any engine."""
-    from spark.arrow import base_arrow_schema, to_record_batch
+    from spark.arrow import base_arrow_schema, read_record_batches
     from spark.catalog import plan_read
-    from spark.framing import StoreRef, read_span
+    from spark.framing import StoreRef
     from spark.options import parse_options
 
     t = time.perf_counter()
@@ -96,8 +96,7 @@ def serial_read(url: str, options: dict[str, str]) -> tuple[int, float]:
     ref = StoreRef(opts.store, opts.store_options)
     total = 0
     for span in plan_read(opts):
-        for batch in read_span(span, ref, framing=opts.framing):
-            rb = to_record_batch(batch, schema, opts.framing)
+        for rb in read_record_batches(span, ref, schema, opts.framing):
             total += rb.column(2).nbytes
     return total, time.perf_counter() - t
 

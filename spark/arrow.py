@@ -9,14 +9,18 @@ framing any other requested column is parsed from the message's JSON object, by 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from quire.protocol import QuireError
 
-from .framing import MessageBatch, strip_delimiters
+from .framing import (BATCH_BYTES, MessageBatch, StoreRef, read_span, repeated,
+                      strip_delimiters)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
+
+    from .planner import Span
 
 BASE_FIELDS = ("journal", "offset", "value", "fragment")
 INDEX_DDL = ("journal string, begin bigint, end bigint, length bigint, sum string, "
@@ -116,7 +120,9 @@ def to_record_batch(batch: MessageBatch, schema: pa.Schema, framing: str) -> pa.
     columns = []
     for f in schema:
         if f.name == "journal":
-            col: Any = pa.repeat(pa.scalar(batch.journal, f.type), n)
+            col: Any = (repeated(batch.journal, n, pa.types.is_large_string(f.type))
+                        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                        else pa.repeat(pa.scalar(batch.journal, f.type), n))
         elif f.name == "offset":
             col = offsets
         elif f.name == "value":
@@ -134,3 +140,11 @@ def to_record_batch(batch: MessageBatch, schema: pa.Schema, framing: str) -> pa.
             col = col.cast(f.type)
         columns.append(col)
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_record_batches(span: Span, ref: StoreRef, schema: pa.Schema, framing: str,
+                        batch_bytes: int = BATCH_BYTES) -> Iterator[pa.RecordBatch]:
+    """The rows of one span as record batches of `schema` (what executors yield)."""
+    for batch in read_span(span, ref, framing=framing, batch_bytes=batch_bytes):
+        if len(batch):
+            yield to_record_batch(batch, schema, framing)

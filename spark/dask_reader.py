@@ -55,13 +55,11 @@ def read_span_frame(span: Span, opts: ReadOptions, schema: Any) -> Any:
     """One partition: a pandas DataFrame of the span's rows."""
     import pyarrow as pa
 
-    from .arrow import to_record_batch
-    from .framing import StoreRef, read_span
+    from .arrow import read_record_batches
+    from .framing import StoreRef
 
     ref = StoreRef(opts.store, opts.store_options, opts.verify)
-    batches = [to_record_batch(b, schema, opts.framing)
-               for b in read_span(span, ref, framing=opts.framing, batch_bytes=opts.batch_bytes)
-               if len(b)]
+    batches = list(read_record_batches(span, ref, schema, opts.framing, opts.batch_bytes))
     table = pa.Table.from_batches(batches, schema=schema)
     return table.to_pandas(types_mapper=_types_mapper)
 

@@ -87,15 +87,13 @@ class QuireReader(DataSourceReader):
         return [QuirePartition(span) for span in plan_read(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from .arrow import to_record_batch
-        from .framing import StoreRef, read_span
+        from .arrow import read_record_batches
+        from .framing import StoreRef
 
         opts = self.options
         ref = StoreRef(opts.store, opts.store_options, opts.verify)
-        for batch in read_span(partition.span, ref, framing=opts.framing,  # type: ignore[attr-defined]
-                               batch_bytes=opts.batch_bytes):
-            if len(batch):
-                yield to_record_batch(batch, self.arrow_schema, opts.framing)
+        yield from read_record_batches(partition.span, ref,  # type: ignore[attr-defined]
+                                       self.arrow_schema, opts.framing, opts.batch_bytes)
 
 
 class QuireIndexReader(DataSourceReader):

@@ -8,6 +8,8 @@ there is no per-message Python work on the hot path.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -132,43 +134,123 @@ def read_span(span: Span, ref: StoreRef, *, framing: str = "jsonl",
     import pyarrow as pa
 
     keys = chain_keys(span)
-    key_array = pa.array(keys, pa.string())
-    begins = np.array([f.begin for f in span.chain], dtype=np.int64)
-
     if framing == "raw":
         for off, chunk, key in read_raw(span, ref, keys):
             yield MessageBatch(span.journal, np.array([off], dtype=np.int64),
                                pa.array([chunk], pa.binary()), pa.array([key], pa.string()))
         return
 
-    skipping = not span.first
-    carry = b""  # the incomplete message at the end of what was framed so far
-    pending: list[bytes] = []  # chunks read since
-    pending_len = 0
-    carry_off = span.begin  # absolute offset of carry[0]
-    done = False
+    framer = _Framer(span, keys)
+    gen = chain_chunks(span, ref)
+    try:
+        for _, chunk, _ in gen:
+            framer.pending.append(chunk)
+            framer.pending_len += len(chunk)
+            # Frame at batch size, and after every chunk once past the span's end so
+            # read-past stops at the first delimiter.
+            if (framer.pending_len >= batch_bytes
+                    or framer.carry_off + framer.carry_len + framer.pending_len >= span.stop):
+                batch = framer.frame(False)
+                if batch is not None:
+                    yield batch
+                if framer.done:
+                    return
+        if framer.carry_len or framer.pending:
+            batch = framer.frame(span.chain_complete)
+            if batch is not None:
+                yield batch
+        if framer.carry_len and not framer.skipping and not framer.done:
+            raise ReadPastExhausted(
+                f"journal {span.journal}: the message at offset {framer.carry_off} is still "
+                f"open after {len(span.chain)} fragments; raise the readPastFragments option")
+    finally:
+        gen.close()
+        framer.release()
 
-    def frame(final: bool) -> MessageBatch | None:
+
+_SCRATCH = threading.local()
+"""Per thread: the delimiter mask of a finished span, for the next span (a fresh 4 MiB
+array per batch costs more in page faults than the comparison that fills it)."""
+SCRATCH_KEEP = 64 << 20
+"""Larger masks (a batch holding a huge message) are not kept."""
+
+
+def _take_mask() -> Any:
+    return _SCRATCH.__dict__.pop("mask", None)
+
+
+def _give_mask(mask: Any) -> None:
+    if mask is not None and len(mask) <= SCRATCH_KEEP:
+        _SCRATCH.mask = mask
+
+
+class _Framer:
+    """Incremental framing of one span's content: chunks are gathered in `pending` and
+    `frame()` cuts the complete messages of carry + pending into a MessageBatch, keeping
+    the incomplete last message as the next carry (`carry_len` bytes at `carry_off`)."""
+
+    def __init__(self, span: Span, keys: list[str]) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        self.span, self.keys = span, keys
+        self.key_array = pa.array(keys, pa.string())
+        self.begins = np.array([f.begin for f in span.chain], dtype=np.int64)
+        self.skipping = not span.first
+        self.done = False
+        self.pending: list[bytes] = []  # chunks read since the last frame()
+        self.pending_len = 0
+        self.carry = b""  # the incomplete message at the end of what was framed so far
+        self.carry_off = span.begin  # journal offset of carry[0]
+        self.mask = _take_mask()
+
+    @property
+    def carry_len(self) -> int:
+        return len(self.carry)
+
+    def release(self) -> None:
+        """Hand the delimiter mask to the thread's next span."""
+        _give_mask(self.mask)
+        self.mask = None
+
+    def _delimiters(self, arr: Any) -> Any:
+        """Positions of the delimiters in `arr` (the comparison goes to a reused mask)."""
+        import numpy as np
+
+        if self.mask is None or len(self.mask) < len(arr):
+            self.mask = np.empty(max(len(arr), len(arr) * 5 // 4), dtype=bool)
+        mask = self.mask[:len(arr)]
+        np.equal(arr, DELIMITER, out=mask)
+        return np.flatnonzero(mask)
+
+    def _keep_carry(self, data: bytes, consumed: int) -> None:
+        self.carry_off += consumed
+        self.carry = data[consumed:]
+
+    def frame(self, final: bool) -> MessageBatch | None:
         """Frame the complete messages of carry + pending (and the tail, if `final`)."""
-        nonlocal carry, carry_off, pending_len, skipping, done
-        data = b"".join([carry, *pending]) if carry else b"".join(pending)
-        pending.clear()
-        pending_len = 0
-        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == DELIMITER)
+        import numpy as np
+        import pyarrow as pa
+
+        span = self.span
+        data = b"".join([self.carry, *self.pending]) if self.carry else b"".join(self.pending)
+        self.pending.clear()
+        self.pending_len = 0
+        nl = self._delimiters(np.frombuffer(data, dtype=np.uint8))
         cut = 0
-        if skipping:
+        if self.skipping:
             if not len(nl):
-                carry_off += len(data)
-                carry = b""
+                self._keep_carry(data, len(data))
                 return None
             cut = int(nl[0]) + 1
             nl = nl[1:]
-            skipping = False
+            self.skipping = False
         ends = nl + 1  # exclusive ends, delimiter included, of complete messages
         if final and (int(ends[-1]) if len(ends) else cut) < len(data):
             # Contiguous content ended without a delimiter: the tail is a message.
             data += bytes([DELIMITER])
             ends = np.append(ends, len(data))
+        carry_off = self.carry_off
         # Message k starts at starts[k] = cut, ends[0], ends[1], ...; it is owned if it
         # starts before span.stop.
         owned = int(np.searchsorted(ends, span.stop - carry_off, side="left")) + 1
@@ -177,7 +259,7 @@ def read_span(span: Span, ref: StoreRef, *, framing: str = "jsonl",
         owned = min(owned, len(ends))
         consumed = int(ends[owned - 1]) if owned else cut
         if final or carry_off + consumed >= span.stop:
-            done = True
+            self.done = True
         out = None
         if owned:
             width = np.int32 if len(data) < (1 << 31) else np.int64
@@ -188,39 +270,35 @@ def read_span(span: Span, ref: StoreRef, *, framing: str = "jsonl",
                                            owned, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
             abs_starts = bounds[:-1].astype(np.int64) + carry_off
             if abs_starts[-1] < span.chain[0].end:
-                keys_col = pa.repeat(pa.scalar(keys[0], pa.string()), owned)
+                keys_col = repeated(self.keys[0], owned)
             else:
-                which = np.searchsorted(begins, abs_starts, side="right") - 1
-                keys_col = key_array.take(pa.array(which))
+                which = np.searchsorted(self.begins, abs_starts, side="right") - 1
+                keys_col = self.key_array.take(pa.array(which))
             out = MessageBatch(span.journal, abs_starts, values, keys_col)
-        carry = data[consumed:]
-        carry_off += consumed
+        self._keep_carry(data, consumed)
         return out
 
-    gen = chain_chunks(span, ref)
-    try:
-        for _, chunk, _ in gen:
-            pending.append(chunk)
-            pending_len += len(chunk)
-            # Frame at batch size, and after every chunk once past the span's end so
-            # read-past stops at the first delimiter.
-            if (pending_len >= batch_bytes
-                    or carry_off + len(carry) + pending_len >= span.stop):
-                batch = frame(False)
-                if batch is not None:
-                    yield batch
-                if done:
-                    return
-        if carry or pending:
-            batch = frame(span.chain_complete)
-            if batch is not None:
-                yield batch
-        if carry and not skipping and not done:
-            raise ReadPastExhausted(
-                f"journal {span.journal}: the message at offset {carry_off} is still open "
-                f"after {len(span.chain)} fragments; raise the readPastFragments option")
-    finally:
-        gen.close()
+
+REPEAT_CACHE_BYTES = 4 << 20
+"""`repeated()` keeps constant columns up to this size, to slice batch after batch."""
+
+
+def repeated(text: str, n: int, large: bool = False) -> pa.Array:
+    """A string array of `n` times `text` (the `journal` and `fragment` columns): a
+    zero-copy slice of a cached array when it is small enough, else a fresh one."""
+    import pyarrow as pa
+
+    size = 1 << max(n - 1, 0).bit_length()
+    if size * max(len(text), 1) > REPEAT_CACHE_BYTES:
+        return pa.repeat(pa.scalar(text, pa.large_string() if large else pa.string()), n)
+    return _repeated(text, size, large).slice(0, n)
+
+
+@functools.lru_cache(maxsize=8)
+def _repeated(text: str, size: int, large: bool) -> pa.Array:
+    import pyarrow as pa
+
+    return pa.repeat(pa.scalar(text, pa.large_string() if large else pa.string()), size)
 
 
 def strip_delimiters(values: pa.Array) -> pa.Array:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import random
 import tempfile
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fragment_store import open_store
+from fragment_store.keys import fragment_key
 from spark.framing import ReadPastExhausted, StoreRef, read_span, strip_delimiters
 from spark.planner import plan
 from tests.spark.batch_corpus import CODECS, expected_messages, json_lines, persist_journal
@@ -86,3 +88,40 @@ def test_empty_lines_are_messages_for_lines_framing(tmp_path) -> None:  # type: 
     url = f"file://{tmp_path}/"
     frags = persist_journal(open_store(url), J, content, [1, 2, 3])
     assert read_all(url, frags) == [(0, b""), (1, b""), (2, b"a"), (4, b"")]
+
+
+def test_record_batches_equal_the_framed_messages(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The executors' path (`read_record_batches`: reused delimiter masks, constant
+    columns sliced from a cache) yields exactly what framing + stripping yields, batch
+    after batch and span after span in one thread."""
+    from spark.arrow import base_arrow_schema, read_record_batches
+
+    rng = random.Random(5)
+    content = json_lines(rng, 400, long_every=9) + b"\n\nlast"
+    url = f"file://{tmp_path}/"
+    frags = persist_journal(open_store(url), J, content, sorted(rng.sample(range(1, len(content)), 12)))
+    for framing in ("lines", "jsonl"):
+        schema = base_arrow_schema(framing)
+        for batch_bytes in (1024, 5000, 1 << 20):
+            rows = []
+            for span in plan(frags, max_span_bytes=3000, split_compressed=True):
+                for rb in read_record_batches(span, StoreRef(url), schema, framing, batch_bytes):
+                    assert rb.schema == schema
+                    rows.extend(zip(*(rb.column(c).to_pylist() for c in schema.names)))
+            want = [(o, v) for o, v in expected_messages(content)
+                    if framing == "lines" or v]
+            assert [(r[1], r[2].encode()) for r in rows] == want
+            assert {r[0] for r in rows} == {J}
+            keys = {f.begin: fragment_key(f) for f in frags}
+            starts = sorted(keys)
+            assert [r[3] for r in rows] == [keys[max(b for b in starts if b <= r[1])] for r in rows]
+
+
+def test_repeated_columns_are_exact_at_any_length() -> None:
+    from spark.framing import REPEAT_CACHE_BYTES, repeated
+
+    for n in (0, 1, 2, 3, 1000, 1025, REPEAT_CACHE_BYTES // 4 + 3):
+        col = repeated("topics/a", n)
+        assert len(col) == n and col.type == pa.string()
+        assert col.to_pylist() == ["topics/a"] * n
+    assert repeated("x", 5, large=True).type == pa.large_string()
