@@ -11,7 +11,11 @@ Inputs, per journal:
 Safety counts (each must be 0; Jepsen's Kafka checker names in brackets):
   lost                 an ok append whose record is not at exactly its acked offsets in
                        the final read [lost-write, inconsistent-offsets]
-  duplicates           a record that appears more than once [duplicate]
+  duplicates           a record that appears more than once [duplicate]: writers send
+                       each record's commit at most once (the client never re-sends after
+                       its commit was sent), so a second copy is an anomaly whatever the
+                       append's outcome; an indefinite append's record may appear 0 or 1
+                       times (indefinite_visible / indefinite_absent)
   written_twice        two ok appends whose acked ranges overlap
   uncommitted_visible  bytes in the final read no append committed: records of definite
                        failures, unknown records, bytes that are no record, and bytes a tail

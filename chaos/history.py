@@ -9,9 +9,14 @@ uuid, and recognise bytes that no append wrote (a bad checksum, or no record at 
 
 Outcomes (Jepsen's vocabulary). `ok`: acknowledged, with the acked [begin, end).
 `fail`: a *definite* failure — the cluster said it did not commit (a status answered
-before the commit was sent). `info`: an *indefinite* failure — a timeout, a dropped
-connection after the commit was sent, or any status that does not rule a commit out.
-An `info` append may or may not be in the journal; a `fail` append must not be.
+before the commit was sent, UNAVAILABLE included). `info`: an *indefinite* failure —
+COMMIT_UNKNOWN (the broker's replication or proxy broke after the commit was sent), a
+timeout or a dropped connection after the commit was sent (the client raises
+CommitUnknown for both), or any status that does not rule a commit out. An `info`
+append may be in the journal once or not at all; a `fail` append must not be. The
+writers use the plain Client, which never re-sends an append after its commit was
+sent, so each record is sent (committed) at most once and any record found twice is a
+duplicate the cluster made.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ DEFINITE_STATUSES = frozenset({
     Status.BAD_REQUEST,
     Status.FRAGMENT_STORE_UNHEALTHY,
 })
-"""Statuses a broker answers only for an append it did not commit. Everything else
-(UNAVAILABLE, ABORTED, PROPOSAL_MISMATCH, INDEX_HAS_GREATER_OFFSET, timeouts, resets)
-is indefinite."""
+"""Statuses a broker answers only for an append it did not commit. The client's
+Unavailable is definite too (raised before the commit was sent, or for an UNAVAILABLE
+answer, which brokers give only before the commit reached a replica; see
+chaos.runner.classify). Everything else (COMMIT_UNKNOWN, ABORTED, PROPOSAL_MISMATCH,
+INDEX_HAS_GREATER_OFFSET, timeouts, resets) is indefinite."""
 
 _PAD = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 

@@ -26,6 +26,7 @@ from quire.protocol.stream import FrameStream
 
 from . import metrics
 from .append_fsm import AppendAborted, AppendFSM, Broker, State
+from .append_rules import decide_broken
 from .flow_control import MinRatePolicer
 
 log = get_logger(__name__)
@@ -145,10 +146,15 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
     """Forward the append to the primary, with our resolution as its header."""
     endpoint = res.route.primary_endpoint
     upstream: FrameStream | None = None
+    forwarded = 0  # content bytes forwarded: a zero-byte append (a barrier) commits nothing
+    # Once the AppendCommit of some content was written upstream, a broken upstream means
+    # the primary may have committed: the answer is COMMIT_UNKNOWN, not UNAVAILABLE.
+    commit_sent = False
     try:
         upstream = await FrameStream.connect(endpoint, timeout=5.0)
         await upstream.send(Hello())
-        await asyncio.wait_for(upstream.read_message(HelloAck), 5.0)
+        async with asyncio.timeout(5.0):
+            await upstream.read_message(HelloAck)
         upstream.write(AppendRequest(
             journal=req.journal, header=res.header, do_not_proxy=True, offset=req.offset,
             check_registers=req.check_registers, union_registers=req.union_registers,
@@ -158,9 +164,11 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
             while True:
                 chunk = await source.next_chunk()
                 if chunk is None:
+                    commit_sent = forwarded > 0
                     upstream.write(AppendCommit())
                     break
                 upstream.write(AppendChunk(), chunk)
+                forwarded += len(chunk)
                 await upstream.drain()
         except AppendAborted as exc:
             upstream.abort()  # closing mid-stream rolls the append back at the primary
@@ -168,12 +176,15 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
             await conn.send(AppendResponse(status=Status.ABORTED, header=res.header, message=exc.reason))
             return source.done
         await upstream.drain()
-        resp, _ = await asyncio.wait_for(upstream.read_message(AppendResponse), PROXY_TIMEOUT)
+        async with asyncio.timeout(PROXY_TIMEOUT):
+            resp, _ = await upstream.read_message(AppendResponse)
         await conn.send(resp)
         return source.done
     except (OSError, ProtocolError, asyncio.TimeoutError) as exc:
-        await conn.send(AppendResponse(status=Status.UNAVAILABLE, header=res.header,
-                                       message=f"proxy to primary {endpoint} failed: {exc!r}"))
+        # Before the commit was forwarded the primary rolls the append back when our
+        # stream ends: definite. After it, the primary may have committed.
+        d = decide_broken(commit_sent, f"proxy to primary {endpoint} failed: {exc!r}")
+        await conn.send(AppendResponse(status=d.status, header=res.header, message=d.message))
         return False
     finally:
         if upstream is not None:

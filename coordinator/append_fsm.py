@@ -19,6 +19,13 @@ send side); START_PIPELINE builds a pipeline, which takes `replica.spool_lock` f
 lifetime; STREAM_CONTENT sends content and the commit (or a rollback) and then
 releases the send side after taking a receive-side ticket, so the next append streams
 while this one waits for its acknowledgements in READ_ACKNOWLEDGEMENTS.
+
+Failure answers (`append_rules.decide_broken`): a failure before the commit proposal
+left this broker is definite (UNAVAILABLE or the state's own status; replicas roll the
+content back). Once the commit was sent to any peer (`commit_sent`) — the pipeline
+breaks while sending or draining it, an acknowledgement is not OK or times out — the
+answer is COMMIT_UNKNOWN: a peer may adopt the commit at the next pipeline sync, so
+the client must not re-send it as if it had certainly failed.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from .append_rules import (
     Decision,
     State,
     go,
+    decide_broken,
     decide_replicas,
     decide_resolve,
     decide_suspended,
@@ -104,6 +112,9 @@ class AppendFSM(PipelineSyncStates):
         self.status = Status.OK
         self.message = ""
         self.commit: Fragment | None = None
+        self.commit_sent = False
+        """A commit proposal carrying this append's content may have reached a peer:
+        from then on a failure is COMMIT_UNKNOWN, never a definite status."""
         self.registers: LabelSet | None = None
         self.total_chunks = 0
         self.delayed_chunks = 0
@@ -334,17 +345,23 @@ class AppendFSM(PipelineSyncStates):
             self._aborted = exc
             await self._rollback(pln)
         except PipelineBroken as exc:
-            self._fail(Status.UNAVAILABLE, str(exc))
+            # Content chunks alone are rolled back by every replica when the stream
+            # ends (definite); once the commit was sent the outcome is unknown.
+            self._go(decide_broken(self.commit_sent, str(exc)))
 
     async def _commit(self, pln: Pipeline, replica: Replica) -> None:
         spool = replica.spool
-        if spool.delta == 0:
+        carries = spool.delta != 0
+        if not carries:
             if edits_registers(self.req):
                 self._aborted = AppendAborted("a zero-byte append cannot edit registers")
                 return await self._rollback(pln)
             prop = spool.rollback_proposal(acknowledge=True)  # a transaction barrier
         else:
             prop = spool.commit_proposal(next_registers(spool.registers, self.req))
+        # send_proposal checks the pipeline before anything leaves: a broken one raises
+        # with nothing sent (still definite). Past this point a peer may get the commit.
+        self.commit_sent = carries and pln.broken is None
         local = pln.send_proposal(prop)
         if local.status != Status.OK:
             raise PipelineBroken(f"local spool refused its own proposal: {local.status.name}")
@@ -360,7 +377,7 @@ class AppendFSM(PipelineSyncStates):
             pln.send_proposal(pln.spool.rollback_proposal(acknowledge=True))
             await self._hand_off(pln)
         except PipelineBroken as exc:
-            self._fail(Status.UNAVAILABLE, str(exc))
+            self._go(decide_broken(self.commit_sent, str(exc)))
 
     async def _hand_off(self, pln: Pipeline) -> None:
         """Take a receive ticket, then release the send side to the next append."""
@@ -375,7 +392,10 @@ class AppendFSM(PipelineSyncStates):
         try:
             await pln.gather_ok(self._ticket)
         except Exception as exc:  # noqa: BLE001
-            return self._fail(Status.UNAVAILABLE, f"replication failed: {exc!r}")
+            # A broken pipeline, a non-OK answer or ACK_TIMEOUT: some peers may have
+            # adopted our commit, so after a commit this is COMMIT_UNKNOWN (not
+            # UNAVAILABLE, which the client would re-send: finding 1 of reliability.md).
+            return self._go(decide_broken(self.commit_sent, f"replication failed: {exc!r}"))
         if self._aborted is not None:
             metrics.APPENDS_ABORTED.labels(self._aborted.reason.split(":")[0][:40]).inc()
             return self._fail(Status.ABORTED, self._aborted.reason)

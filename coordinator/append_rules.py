@@ -216,6 +216,23 @@ def decide_suspended(level: SuspendLevel, req_suspend: str, offset: int) -> Deci
     return Decision(S.ERROR, Status.SUSPENDED, "journal is fully suspended")
 
 
+def decide_broken(commit_sent: bool, reason: str) -> Decision:
+    """The answer to an append whose pipeline broke (a peer failed, an acknowledgement
+    timed out or was not OK, a proxy's upstream was lost).
+
+    Before any commit proposal carrying the append's content left this broker the
+    failure is *definite*: replicas roll uncommitted content back when the stream ends,
+    so UNAVAILABLE (retriable) is the truth. Once the commit was sent to any peer, that
+    peer may have adopted it and a later pipeline sync (largest offset wins) can make it
+    visible: the outcome is unknown, COMMIT_UNKNOWN, and the client must not re-send.
+    A zero-byte append (a transaction barrier) commits no content or registers, so a
+    broken barrier stays UNAVAILABLE: re-sending it cannot write anything twice.
+    """
+    if commit_sent:
+        return Decision(S.ERROR, Status.COMMIT_UNKNOWN, f"the commit was sent, then {reason}")
+    return Decision(S.ERROR, Status.UNAVAILABLE, reason)
+
+
 def next_registers(current: LabelSet, req: AppendRequest) -> LabelSet:
     """Subtract, then union (Gazette's order)."""
     out = current

@@ -13,6 +13,8 @@ Exit codes (one per class of failure, so scripts can branch on them):
         insufficient brokers, wrong route, store unhealthy, connection refused)
     7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config)
     8   protocol error (the peer is not a quire broker, or a version mismatch)
+    9   outcome unknown (COMMIT_UNKNOWN): an append's commit was sent and then the answer
+        was lost; it may or may not be in the journal, so a blind retry may duplicate it
     130 interrupted (Ctrl-C)
 """
 
@@ -43,6 +45,7 @@ DEFAULT_BROKER = "127.0.0.1:8080"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_NOT_ALLOWED = 3, 4, 5
 EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_PROTOCOL, EXIT_INTERRUPTED = 6, 7, 8, 130
+EXIT_OUTCOME_UNKNOWN = 9
 
 _STATUS_EXIT = {
     Status.JOURNAL_NOT_FOUND: EXIT_NOT_FOUND,
@@ -55,6 +58,7 @@ _STATUS_EXIT = {
     Status.SUSPENDED: EXIT_NOT_ALLOWED,
     Status.BAD_REQUEST: EXIT_INVALID,
     Status.OFFSET_NOT_YET_AVAILABLE: EXIT_NOT_FOUND,
+    Status.COMMIT_UNKNOWN: EXIT_OUTCOME_UNKNOWN,
 }
 
 

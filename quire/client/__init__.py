@@ -7,7 +7,7 @@
     messages          JSON-lines framing (LineFramer) and key -> journal Mapper
 """
 
-from quire.protocol.errors import QuireError, StatusError, Unavailable
+from quire.protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
 from .append_service import AppendService, ServiceClosed
 from .client import Client
@@ -21,6 +21,7 @@ __all__ = [
     "AppendResult",
     "AppendService",
     "Client",
+    "CommitUnknown",
     "FramingError",
     "LineFramer",
     "Mapper",

@@ -19,8 +19,17 @@ Theory of operation (after Gazette's broker/client/append_service.go):
   REGISTER_MISMATCH, WRONG_APPEND_OFFSET (and BAD_REQUEST). Those fail the batch's
   futures; a refused spilled batch is moved to `spill_dir/failed/`, never deleted.
 
-Delivery is at-least-once: a batch whose commit was sent but whose answer was lost is
-appended again (as in Gazette).
+Delivery semantics. By default delivery is *at-least-once*, as in Gazette's
+AppendService: a batch whose outcome is unknown — the commit was sent, then the answer
+was lost or timed out, or the broker answered COMMIT_UNKNOWN (`CommitUnknown`) — is
+appended again, so if the first attempt did land, the batch's messages are in the
+journal twice. This is never silent: every such re-send is counted in
+`commit_unknown_resends`, and readers that need exactly-once de-duplicate by message
+id (as Gazette's consumers do with message UUIDs). With `at_least_once=False` the
+service does not re-send such a batch: its futures fail with `CommitUnknown` (each
+message is then in the journal at most once, and the caller decides). The plain
+`Client.append` never re-sends after its commit was sent (unless it carries an
+explicit offset); the chaos writers use it, which is why they see no duplicates.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quire.protocol import Status, validate_journal_name
-from quire.protocol.errors import QuireError, StatusError, Unavailable
+from quire.protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
 from .results import AppendResult
 from .spill import SpillDir
@@ -79,7 +88,8 @@ class _Journal:
 class AppendService:
     def __init__(self, client: Client, *, spill_dir: str | Path | None = None,
                  max_batch_bytes: int = 4 << 20, max_buffered_bytes: int = 64 << 20,
-                 attempt_timeout: float = 2.0, max_backoff: float = 5.0) -> None:
+                 attempt_timeout: float = 2.0, max_backoff: float = 5.0,
+                 at_least_once: bool = True) -> None:
         self.client = client
         self.spill = SpillDir(spill_dir) if spill_dir is not None else None
         self.max_batch_bytes = max_batch_bytes
@@ -88,6 +98,11 @@ class AppendService:
         """How long one batch append may retry routing hiccups before the service backs
         off (and, if the cluster is unreachable, starts spilling)."""
         self.max_backoff = max_backoff
+        self.at_least_once = at_least_once
+        """Re-send a batch whose outcome is unknown (it may then land twice); False:
+        fail its futures with CommitUnknown instead (see the module docstring)."""
+        self.commit_unknown_resends = 0
+        """Batches re-sent after an attempt whose outcome was unknown (possible duplicates)."""
         self.memory = 0
         """Bytes of accepted content held in memory."""
         self._journals: dict[str, _Journal] = {}
@@ -133,7 +148,9 @@ class AppendService:
         if self._closed:
             raise ServiceClosed("append after close()")
         batch = q.batches[-1] if q.batches else None
-        if (batch is None or batch.in_flight or batch.buf is None
+        # A batch that was sent once is frozen (bytes, or spilled): a re-send after an
+        # unknown outcome must carry exactly what the first attempt carried.
+        if (batch is None or batch.in_flight or not isinstance(batch.buf, bytearray)
                 or (batch.size and batch.size + size > self.max_batch_bytes)):
             batch = self._new_batch()
             q.batches.append(batch)
@@ -230,9 +247,12 @@ class AppendService:
                 result = await self._send(q.name, batch)
             except StatusError as exc:
                 batch.in_flight = False
-                if exc.status in FATAL_STATUSES:
+                if exc.status in FATAL_STATUSES or (isinstance(exc, CommitUnknown)
+                                                    and not self.at_least_once):
                     self._finish(q, batch, error=exc)
                     continue
+                if isinstance(exc, CommitUnknown):
+                    self.commit_unknown_resends += 1  # at-least-once: it may land twice
                 q.failures += 1
                 if isinstance(exc, Unavailable) and self.spill is not None:
                     q.spilling = True

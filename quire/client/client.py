@@ -9,10 +9,16 @@
 Retries: only what is safe. Metadata reads (List, ListFragments, ListBrokers) and reads
 retry on unreachable endpoints and routing statuses until `retry_timeout`. An append is
 retried when the cluster certainly did not commit it — the failure came before its
-commit was sent, or the broker answered with a routing status — and its body can be
-sent again; after the commit was sent the outcome is unknown, so it is retried only
-with an explicit `offset` (a duplicate then fails with WRONG_APPEND_OFFSET instead of
-landing twice). Every non-OK status becomes the StatusError subclass of that status.
+commit was sent, or the broker answered with a routing status (UNAVAILABLE included:
+brokers answer it only before the commit reached any replica) — and its body can be
+sent again. After the commit was sent the outcome is unknown: the connection was lost,
+the answer timed out, or the broker answered COMMIT_UNKNOWN (its replication broke
+after it forwarded the commit). Such an append is never re-sent with offset 0; it
+raises `CommitUnknown` (an indefinite failure: the record may or may not be in the
+journal, at most once). With an explicit `offset` it is retried at that offset, which
+cannot land twice; if the retry then fails for any reason (WRONG_APPEND_OFFSET: the
+head moved, by the first attempt or by another writer) it raises CommitUnknown too.
+Every other non-OK status becomes the StatusError subclass of that status.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from quire.protocol import (
     parse_selector,
     validate_journal_name,
 )
-from quire.protocol.errors import ProtocolError, Unavailable, for_status
+from quire.protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
 
 from .body import AppendData, Body
 from .connection import Connection, ConnectionPool
@@ -64,6 +70,14 @@ class _Ambiguous(Exception):
     def __init__(self, cause: Unavailable) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
+                    detail: object = None) -> CommitUnknown:
+    text = f"outcome unknown: {why}" + (f"; {then}" if then else "")
+    text += "; the append may or may not have been committed"
+    text += "; it was not re-sent" if not offset else f"; re-sent only at offset {offset}"
+    return CommitUnknown(text, journal=journal, detail=detail)
 
 
 class Client:
@@ -107,33 +121,54 @@ class Client:
         body = Body(data)
         deadline = time.monotonic() + (self.retry_timeout if retry_timeout is None else retry_timeout)
         attempt = 0
+        # Why an earlier attempt's outcome is unknown (its commit was sent). Once set, no
+        # later failure may be reported as definite: that attempt may have landed.
+        unknown = ""
         while True:
             endpoint = self.routes.for_append(journal)
             try:
                 response = await self._append_once(endpoint, request, body)
             except _Ambiguous as exc:
                 self.routes.mark_down(endpoint)
+                unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
                 # Re-sending at the same explicit offset cannot land twice.
                 if offset == 0 or not body.rewind() or time.monotonic() >= deadline:
-                    raise Unavailable(f"outcome unknown: {reason(exc.cause)}", journal=journal) from exc.cause
+                    raise _commit_unknown(journal, offset, unknown) from exc.cause
             except Unavailable as exc:
                 self.routes.mark_down(endpoint)
                 if not body.rewind() or time.monotonic() >= deadline:
+                    if unknown:
+                        raise _commit_unknown(journal, offset, unknown,
+                                              f"a retry failed: {reason(exc)}") from exc
                     raise Unavailable(reason(exc), journal=journal) from exc
             else:
-                if response.status == Status.OK:
+                status = response.status
+                if status == Status.OK:
                     self.routes.update(journal, response.header)
                     commit = response.commit
                     return AppendResult(journal=journal, begin=commit.begin if commit else 0,
                                         end=commit.end if commit else 0, commit=commit,
                                         registers=response.registers)
-                if response.status not in ROUTING_STATUSES or not body.rewind() \
+                message = strip_status(status, response.message)
+                if status == Status.COMMIT_UNKNOWN:
+                    # The broker sent our commit to replicas and then failed: like a lost
+                    # answer, retried only at an explicit offset.
+                    self.routes.invalidate(journal)
+                    unknown = unknown or message
+                    if offset == 0 or not body.rewind() or time.monotonic() >= deadline:
+                        raise _commit_unknown(journal, offset, unknown, detail=response)
+                elif status not in ROUTING_STATUSES or not body.rewind() \
                         or time.monotonic() >= deadline:
                     self.routes.invalidate(journal)
-                    raise for_status(response.status)(strip_status(response.status, response.message),
-                                                      journal=journal, detail=response)
-                self.routes.invalidate(journal)
-                self.routes.update(journal, response.header)
+                    if unknown:
+                        # E.g. WRONG_APPEND_OFFSET: the head moved — maybe by our own
+                        # earlier attempt, maybe by another writer.
+                        raise _commit_unknown(journal, offset, unknown, f"a retry at offset {offset} "
+                                              f"answered {status.name}: {message}", detail=response)
+                    raise for_status(status)(message, journal=journal, detail=response)
+                else:
+                    self.routes.invalidate(journal)
+                    self.routes.update(journal, response.header)
             await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
             attempt += 1
 

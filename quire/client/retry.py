@@ -13,7 +13,9 @@ ROUTING_STATUSES = frozenset({
     Status.INSUFFICIENT_JOURNAL_BROKERS,
     Status.UNAVAILABLE,
 })
-"""Statuses that mean "not committed, ask again (maybe elsewhere)"; the route is dropped."""
+"""Statuses that mean "not committed, ask again (maybe elsewhere)"; the route is dropped.
+COMMIT_UNKNOWN is not one: the commit was sent, so the append may have landed (the
+client re-sends it only at an explicit offset)."""
 
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 """Gazette's RetryReader uses 50ms, 100ms, 1s, 5s; a few more steps smooth failovers."""

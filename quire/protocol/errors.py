@@ -6,6 +6,7 @@
     │   └── FrameTooLarge    a frame's declared length is over the limit (checked before reading)
     └── StatusError          a broker answered with a non-OK Status (.status, .journal)
         └── one subclass per Status (JournalNotFound, WrongAppendOffset, …), see for_status()
+            (CommitUnknown: the append's commit was sent, its outcome is unknown)
 
 Expected outcomes travel as `Status` values on the wire; only the client edge (and code
 that wants to unwind) raises StatusError. Validation and protocol errors are raised at
@@ -118,6 +119,10 @@ FragmentStoreUnhealthy = _BY_STATUS[Status.FRAGMENT_STORE_UNHEALTHY]
 BadRequest = _BY_STATUS[Status.BAD_REQUEST]
 Unavailable = _BY_STATUS[Status.UNAVAILABLE]
 Aborted = _BY_STATUS[Status.ABORTED]
+CommitUnknown = _BY_STATUS[Status.COMMIT_UNKNOWN]
+"""The append's commit was sent but its outcome is unknown: it may or may not have
+landed (an indefinite failure). Raised for a COMMIT_UNKNOWN answer and by the client
+when the connection is lost or times out after it sent the commit."""
 
 
 def for_status(status: Status) -> type[StatusError]:

@@ -48,6 +48,12 @@ class Status(enum.IntEnum):
     """The broker is shutting down or a peer/etcd could not be reached; retry."""
     ABORTED = 66
     """The append was aborted (client error, disconnect, timeout, too slow)."""
+    COMMIT_UNKNOWN = 67
+    """The append failed after its commit proposal was sent to a replica (or, when
+    proxied, after the commit was forwarded to the primary): replicas may have adopted
+    it, and a later pipeline sync may make it visible. The outcome is unknown, so the
+    append must not be re-sent blindly (it could land twice). Not retriable; an
+    *indefinite* failure. Every status answered before the commit was sent is definite."""
 
     @property
     def retriable(self) -> bool:

@@ -118,6 +118,21 @@ def test_duplicate() -> None:
     _only(check([b.readback()], b.history.ops).counts, "duplicates")
 
 
+def test_indefinite_record_may_appear_once_but_not_twice() -> None:
+    # An indefinite failure (COMMIT_UNKNOWN, a lost answer after the commit) may be in
+    # the journal 0 or 1 times; writers never re-send after a commit, so twice is a
+    # duplicate whatever the outcome.
+    b = Builder()
+    b.append()
+    _, data = b.append("info", land=True)
+    report = check([b.readback()], b.history.ops)
+    assert report.safe and report.counts["indefinite_visible"] == 1
+    b.journal += data
+    report = check([b.readback()], b.history.ops)
+    _only(report.counts, "duplicates")
+    assert report.counts["duplicates"] == 1
+
+
 def test_offsets_written_twice() -> None:
     b = Builder()
     op1, _ = b.append()

@@ -6,6 +6,7 @@ from chaos.runner import _ProxiedRoutes, classify
 from quire.protocol import Header, ProcessId, Route, Status
 from quire.protocol.errors import (
     Aborted,
+    CommitUnknown,
     IndexHasGreaterOffset,
     JournalNotFound,
     NotJournalPrimaryBroker,
@@ -21,6 +22,10 @@ def test_classify_definite_and_indefinite() -> None:
     assert classify(Unavailable("connection refused before the commit")) == "fail"
     assert classify(Unavailable("outcome unknown: connection reset")) == "info"
     assert classify(Aborted("pipeline broke")) == "info"
+    # COMMIT_UNKNOWN answered, or the connection lost after the commit was sent.
+    assert classify(CommitUnknown("outcome unknown: the commit was sent, then reset")) == "info"
+    assert classify(CommitUnknown("the commit was sent, then peer reset")) == "info"
+    assert not Status.COMMIT_UNKNOWN.retriable
     assert classify(IndexHasGreaterOffset("x")) == "info"
     assert classify(TimeoutError()) == "info"
     assert classify(ConnectionResetError()) == "info"

@@ -57,6 +57,13 @@ class FakeBroker:
         """If set, appends answer NOT_JOURNAL_PRIMARY_BROKER naming this endpoint primary."""
         self.fail_next_appends = 0
         """Answer this many appends with UNAVAILABLE (after reading them)."""
+        self.drop_after_commit = 0
+        """Drop the connection of this many appends after reading their commit, without
+        answering (a broker killed after replicating the commit, or a lost answer)."""
+        self.commit_unknown_next = 0
+        """Answer this many appends with COMMIT_UNKNOWN (replication broke after the commit)."""
+        self.lost_outcomes_land = True
+        """Whether an append answered by a drop or COMMIT_UNKNOWN is committed anyway."""
         self.persisted: dict[str, list[tuple[Fragment, str]]] = {}
         """Fragments handed out by URL on reads (fragment, url)."""
         self.appends: list[tuple[str, bytes]] = []
@@ -188,7 +195,20 @@ class FakeBroker:
             return
         content = self.content[request.journal]
         if request.offset and request.offset != len(content):
-            await stream.send(AppendResponse(status=Status.WRONG_APPEND_OFFSET))
+            await stream.send(AppendResponse(status=Status.WRONG_APPEND_OFFSET,
+                                             message=f"write head is {len(content)}"))
+            return
+        if self.drop_after_commit or self.commit_unknown_next:
+            if self.lost_outcomes_land:
+                content += body
+                self.appends.append((request.journal, bytes(body)))
+            if self.drop_after_commit:
+                self.drop_after_commit -= 1
+                stream.writer.transport.abort()
+                raise ConnectionResetError("dropped after the commit")
+            self.commit_unknown_next -= 1
+            await stream.send(AppendResponse(status=Status.COMMIT_UNKNOWN, header=self.header(),
+                                             message="the commit was sent, then peer reset"))
             return
         begin = len(content)
         content += body

@@ -78,6 +78,37 @@ async def test_refused_batches_fail_their_futures_and_others_continue() -> None:
             assert good.result().end == 5
 
 
+async def test_commit_unknown_is_resent_at_least_once_and_counted() -> None:
+    # The documented default (Gazette's AppendService): a batch whose outcome is unknown
+    # is appended again, so it may land twice — and every such re-send is counted.
+    async with running() as broker:
+        broker.create("alo/journal")
+        broker.drop_after_commit = 1  # the first attempt lands, its answer is lost
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client) as svc:
+                fut = await svc.append("alo/journal", b"msg\n")
+                await svc.flush(timeout=10)
+            assert fut.result().end - fut.result().begin == 4
+            assert svc.commit_unknown_resends == 1
+            assert broker.content["alo/journal"] == b"msg\nmsg\n"
+
+
+async def test_commit_unknown_fails_the_batch_when_not_at_least_once() -> None:
+    async with running() as broker:
+        broker.create("amo/journal")
+        broker.commit_unknown_next = 1
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client, at_least_once=False) as svc:
+                lost = await svc.append("amo/journal", b"maybe\n")
+                await svc.flush(timeout=10)
+                after = await svc.append("amo/journal", b"after\n")
+                await svc.flush(timeout=10)
+            with pytest.raises(errors.CommitUnknown):
+                lost.result()
+            assert after.result().begin == 6 and svc.commit_unknown_resends == 0
+            assert broker.content["amo/journal"] == b"maybe\nafter\n"  # each at most once
+
+
 async def test_spills_while_unreachable_and_drains_in_order(tmp_path) -> None:
     # Reserve a port, close it: the cluster is "down" until a broker binds it.
     with socket.socket() as s:
@@ -134,3 +165,21 @@ async def test_spilled_batches_survive_a_restart_of_the_writer(tmp_path) -> None
         lines = bytes(broker.content["restart/journal"]).decode().splitlines()
         assert lines == [f"r{i}" for i in range(10)] + ["after"]
         assert not list(spill.rglob("*.batch"))
+
+
+async def test_messages_queued_during_an_unknown_outcome_go_in_a_new_batch() -> None:
+    # The re-sent batch carries exactly its first attempt's bytes; later messages wait
+    # for the next batch (a sent batch is frozen, even while it waits to be re-sent).
+    async with running() as broker:
+        broker.create("frozen/journal")
+        broker.commit_unknown_next = 1
+        broker.lost_outcomes_land = False
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client, max_backoff=0.5) as svc:
+                first = await svc.append("frozen/journal", b"one\n")
+                while not svc.commit_unknown_resends:
+                    await asyncio.sleep(0.005)
+                second = await svc.append("frozen/journal", b"two\n")
+                await svc.flush(timeout=10)
+            assert (first.result().begin, second.result().begin) == (0, 4)
+            assert [body for _, body in broker.appends] == [b"one\n", b"two\n"]

@@ -102,6 +102,52 @@ async def test_append_retries_unavailable_answers_and_dead_seeds() -> None:
             assert broker.content["retry/journal"] == b"abcdef"
 
 
+@pytest.mark.parametrize("how", ["connection lost", "COMMIT_UNKNOWN answered"])
+async def test_lost_outcome_after_the_commit_raises_commit_unknown_and_never_resends(how: str) -> None:
+    # reliability.md finding 1: re-sending after the commit made records land twice.
+    async with running() as broker:
+        broker.create("unknown/journal")
+        if how == "connection lost":
+            broker.drop_after_commit = 1
+        else:
+            broker.commit_unknown_next = 1
+        async with Client([broker.endpoint], retry_timeout=10) as client:
+            with pytest.raises(errors.CommitUnknown) as info:
+                await client.append("unknown/journal", b"record\n")
+            err = info.value
+            assert isinstance(err, errors.StatusError) and not err.retriable
+            assert err.status.name == "COMMIT_UNKNOWN" and err.journal == "unknown/journal"
+            assert "outcome unknown" in str(err) and "not re-sent" in str(err)
+            # Sent (and here committed) exactly once: no retry after the commit.
+            assert broker.appends == [("unknown/journal", b"record\n")]
+            assert sum(type(r).__name__ == "AppendRequest" for r in broker.requests) == 1
+            # The client is still usable, and the record was not duplicated by it.
+            await client.append("unknown/journal", b"next\n")
+            assert broker.content["unknown/journal"] == b"record\nnext\n"
+
+
+async def test_lost_outcome_with_explicit_offset_is_retried_at_that_offset() -> None:
+    async with running() as broker:
+        broker.create("offset/journal")
+        async with Client([broker.endpoint], retry_timeout=10) as client:
+            await client.append("offset/journal", b"abc")  # offset 0 asserts nothing
+            # The lost attempt did not land: the retry at the same offset commits it once.
+            broker.drop_after_commit, broker.lost_outcomes_land = 1, False
+            r = await client.append("offset/journal", b"de", offset=3)
+            assert (r.begin, r.end) == (3, 5) and broker.content["offset/journal"] == b"abcde"
+            # The lost attempt did land: the retry at offset 5 is refused (the head moved,
+            # by us or by another writer), so the outcome stays unknown — never twice.
+            broker.drop_after_commit, broker.lost_outcomes_land = 1, True
+            with pytest.raises(errors.CommitUnknown) as info:
+                await client.append("offset/journal", b"fg", offset=5)
+            assert "WRONG_APPEND_OFFSET" in str(info.value)
+            assert broker.content["offset/journal"] == b"abcdefg"
+            broker.commit_unknown_next = 1
+            with pytest.raises(errors.CommitUnknown):
+                await client.append("offset/journal", b"hi", offset=7)
+            assert broker.content["offset/journal"] == b"abcdefghi"
+
+
 async def test_unreachable_cluster_is_unavailable_within_the_deadline() -> None:
     async with Client([closed_port()], retry_timeout=0.5) as client:
         with pytest.raises(errors.Unavailable) as info:

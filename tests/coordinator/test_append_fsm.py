@@ -162,3 +162,240 @@ def test_streaming_edges_and_coverage() -> None:
     test_preconditions()
     every = {(s, d) for s, ds in TRANSITIONS.items() for d in ds}
     assert every - seen == set(), f"transitions never produced: {every - seen}"
+
+
+# -- failure answers: COMMIT_UNKNOWN once the commit was sent, definite before ---------
+# (reliability.md, finding 1: UNAVAILABLE after the commit made clients re-send records
+# that replicas adopted at the next sync, so they landed twice.)
+
+import asyncio  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from coordinator.append_fsm import AppendAborted  # noqa: E402
+from coordinator.append_rules import decide_broken  # noqa: E402
+from coordinator.pipeline import PipelineBroken  # noqa: E402
+from coordinator.replica import Replica  # noqa: E402
+from coordinator.spool import MemoryFiles  # noqa: E402
+
+
+def test_decide_broken_is_commit_unknown_only_after_the_commit() -> None:
+    d = decide_broken(True, "peer z#bbbb reset")
+    assert d.state is State.ERROR and d.status == Status.COMMIT_UNKNOWN
+    assert "commit was sent" in d.message and "peer z#bbbb reset" in d.message
+    d = decide_broken(False, "peer z#bbbb reset")
+    assert d.state is State.ERROR and d.status == Status.UNAVAILABLE
+    assert d.message == "peer z#bbbb reset"
+    assert not Status.COMMIT_UNKNOWN.retriable and Status.COMMIT_UNKNOWN >= 64
+
+
+class _Source:
+    def __init__(self, *items: bytes | None | AppendAborted) -> None:
+        self.items = list(items)
+
+    async def next_chunk(self):  # noqa: ANN201
+        item = self.items.pop(0)
+        if isinstance(item, AppendAborted):
+            raise item
+        return item
+
+    def throttled(self, seconds: float) -> None:
+        pass
+
+
+class _Pipeline:
+    """The send/receive surface of coordinator.pipeline.Pipeline over a real spool, with
+    a fault injected at one point: `break_at` = "content" (a peer write fails on a
+    content chunk), "before-commit" (the pipeline is already broken when the commit
+    comes), "commit" (writing the commit to the peers fails after the local spool
+    adopted it), "drain" (draining after the commit fails); `ack_error` fails the
+    ticket (READ_ACKNOWLEDGEMENTS: a reset, an ACK_TIMEOUT, a non-OK answer)."""
+
+    def __init__(self, replica: Replica, break_at: str = "", ack_error: BaseException | None = None) -> None:
+        self.spool = replica.spool
+        self.broken: BaseException | None = None
+        self.break_at = break_at
+        self.ack_error = ack_error
+        self.peers_got: list[object] = []
+        self.commits = 0
+        """Commit proposals (ones that extend the fragment by pending content) sent."""
+
+    def _break(self, why: str) -> PipelineBroken:
+        self.broken = PipelineBroken(why)
+        return self.broken
+
+    def send_content(self, data) -> None:  # noqa: ANN001
+        if self.broken is not None:
+            raise PipelineBroken("pipeline broken")
+        self.spool.apply_content(self.spool.delta, data)
+        if self.break_at == "content":
+            raise self._break("peer reset while streaming content")
+        if self.break_at == "before-commit":
+            self._break("peer reset after the last chunk")
+        self.peers_got.append(bytes(data))
+
+    def send_proposal(self, prop, first: bool = False):  # noqa: ANN001, ANN201
+        if self.broken is not None:
+            raise PipelineBroken(f"pipeline broken: {self.broken!r}")
+        is_commit = self.spool.delta > 0 and prop.proposal.end > self.spool.end
+        local = self.spool.apply_proposal(prop, primary=True)
+        self.commits += is_commit
+        if self.break_at == "commit" and is_commit:
+            raise self._break("peer reset while writing the commit")
+        self.peers_got.append(prop)
+        return local
+
+    async def drain(self) -> None:
+        if self.break_at == "drain" and self.commits:
+            raise self._break("peer reset while draining the commit")
+
+    def ticket(self, must_ok: bool = False):  # noqa: ANN201
+        fut = asyncio.get_running_loop().create_future()
+        if self.ack_error is not None:
+            fut.set_exception(self.ack_error)
+        else:
+            fut.set_result([])
+        return fut
+
+    async def gather_ok(self, ticket):  # noqa: ANN001, ANN201
+        return await ticket
+
+
+async def _stream(source: _Source, **faults) -> tuple[AppendFSM, _Pipeline, Replica]:  # noqa: ANN003
+    """Run an FSM from STREAM_CONTENT on an owned, synchronized pipeline to its end."""
+    replica = Replica(J, MemoryFiles())
+    pln = _Pipeline(replica, **faults)
+    fsm = AppendFSM(SimpleNamespace(), AppendRequest(journal=J), source)
+    fsm.res = SimpleNamespace(spec=SPEC, header=Header(route=ROUTE, etcd=Etcd(revision=5)))
+    fsm.replica, fsm.pipeline = replica, pln
+    await replica.pipeline_lock.acquire()
+    fsm.owns_pipeline = True
+    fsm.state = State.STREAM_CONTENT
+    await fsm.run()
+    assert not replica.pipeline_lock.locked()
+    return fsm, pln, replica
+
+
+async def test_fsm_commits_when_every_peer_acknowledges() -> None:
+    fsm, pln, replica = await _stream(_Source(b"hello ", b"world\n", None))
+    assert fsm.state is State.FINISHED and fsm.commit_sent
+    assert (fsm.commit.begin, fsm.commit.end) == (0, 12) and replica.head == 12
+
+
+@pytest.mark.parametrize("ack_error", [
+    PipelineBroken("peer z#bbbb: connection reset"),
+    TimeoutError(),  # ACK_TIMEOUT in the pipeline's reader
+    PipelineBroken("peer z#cccc answered PROPOSAL_MISMATCH"),
+])
+async def test_fsm_ack_failure_after_the_commit_is_commit_unknown(ack_error) -> None:  # noqa: ANN001
+    fsm, pln, replica = await _stream(_Source(b"record\n", None), ack_error=ack_error)
+    assert fsm.state is State.ERROR and fsm.status == Status.COMMIT_UNKNOWN
+    assert fsm.trace[-2:] == [State.READ_ACKNOWLEDGEMENTS, State.ERROR]
+    assert "commit was sent" in fsm.message
+    assert pln.commits == 1  # the commit did go out
+    assert replica.head == 0  # never published as committed
+
+
+@pytest.mark.parametrize("break_at", ["commit", "drain"])
+async def test_fsm_break_while_sending_the_commit_is_commit_unknown(break_at: str) -> None:
+    fsm, _, _ = await _stream(_Source(b"record\n", None), break_at=break_at)
+    assert fsm.state is State.ERROR and fsm.status == Status.COMMIT_UNKNOWN
+
+
+async def test_fsm_break_before_the_commit_is_definite() -> None:
+    # A peer fails on a content chunk: replicas roll the content back when the stream
+    # ends, nothing can be committed: UNAVAILABLE, which the client may safely re-send.
+    fsm, pln, _ = await _stream(_Source(b"part 1", b"part 2\n", None), break_at="content")
+    assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE and not fsm.commit_sent
+    assert pln.commits == 0
+    # Broken after the last chunk but before the commit: the commit never leaves.
+    fsm, pln, _ = await _stream(_Source(b"record\n", None), break_at="before-commit")
+    assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE and not fsm.commit_sent
+    assert pln.commits == 0
+
+
+async def test_fsm_barrier_and_rollback_failures_stay_definite() -> None:
+    # A zero-byte append (a transaction barrier) commits no content: nothing can land twice.
+    fsm, _, _ = await _stream(_Source(None), ack_error=PipelineBroken("reset"))
+    assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE and not fsm.commit_sent
+    # A client abort sends a rollback, never a commit.
+    fsm, _, _ = await _stream(_Source(b"x", AppendAborted("client aborted: bye")),
+                              ack_error=PipelineBroken("reset"))
+    assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE and not fsm.commit_sent
+    fsm, _, _ = await _stream(_Source(b"x", AppendAborted("client aborted: bye")))
+    assert fsm.state is State.ERROR and fsm.status == Status.ABORTED
+
+
+# -- a proxying coordinator (append_api.proxy_append) ----------------------------------
+
+from quire.protocol import AppendChunk, AppendCommit, AppendResponse, Hello, HelloAck  # noqa: E402
+from quire.protocol.stream import FrameStream  # noqa: E402
+
+from coordinator.append_api import proxy_append  # noqa: E402
+
+
+class _ClientConn:
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    async def send(self, msg, payload: bytes = b"") -> None:  # noqa: ANN001
+        self.sent.append(msg)
+
+
+class _ProxySource(_Source):
+    done = True
+
+
+async def _primary_that_dies_after_the_commit(got: list[object]):  # noqa: ANN202
+    """A primary that reads the whole append, commit included, then drops the connection
+    without answering (killed after it replicated the commit)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stream = FrameStream(reader, writer)
+        assert isinstance((await stream.read()).message, Hello)
+        await stream.send(HelloAck(process_id=A))
+        while True:
+            frame = await stream.read()
+            got.append(frame.message)
+            if isinstance(frame.message, AppendCommit):
+                break
+        writer.transport.abort()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def _proxy(source: _Source, endpoint: str) -> AppendResponse:
+    res = SimpleNamespace(route=SimpleNamespace(primary_endpoint=endpoint),
+                          header=Header(route=ROUTE, etcd=Etcd(revision=5)))
+    conn = _ClientConn()
+    await proxy_append(conn, AppendRequest(journal=J), res, source)
+    (resp,) = conn.sent
+    assert isinstance(resp, AppendResponse)
+    return resp
+
+
+async def test_proxy_upstream_lost_after_forwarding_the_commit_is_commit_unknown() -> None:
+    got: list[object] = []
+    server = await _primary_that_dies_after_the_commit(got)
+    endpoint = "127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+    try:
+        resp = await _proxy(_ProxySource(b"record\n", None), endpoint)
+        assert resp.status == Status.COMMIT_UNKNOWN, resp
+        assert "proxy to primary" in resp.message
+        assert [type(m) for m in got][-2:] == [AppendChunk, AppendCommit]
+        # A zero-byte append (a barrier) forwarded and lost commits nothing: definite.
+        resp = await _proxy(_ProxySource(None), endpoint)
+        assert resp.status == Status.UNAVAILABLE, resp
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_proxy_failure_before_forwarding_the_commit_is_definite() -> None:
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    endpoint = "127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()  # nothing listens there now: connection refused
+    resp = await _proxy(_ProxySource(b"record\n", None), endpoint)
+    assert resp.status == Status.UNAVAILABLE and "proxy to primary" in resp.message
