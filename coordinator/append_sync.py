@@ -11,13 +11,13 @@ the synchronous common case of a state is its `_fast_<state>`.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from quire.protocol import LabelSet, Status
 from quire.protocol.errors import QuireError
 
 from .append_rules import Decision, State, decide_acquired, decide_assignments, decide_start, decide_sync
+from .fence import PrimaryFence
 from .pipeline import Pipeline, PipelineBroken
 from .replica import acquire_within
 
@@ -78,9 +78,7 @@ class PipelineSyncStates:
         d = decide_start(None, False, self.res.route, True)  # rebuild and sync
         if pln is not None:
             await self.broker.teardown_pipeline(replica)
-        try:
-            await asyncio.wait_for(replica.spool_lock.acquire(), LOCK_TIMEOUT)
-        except asyncio.TimeoutError:
+        if not await acquire_within(replica.spool_lock, LOCK_TIMEOUT):
             return self._fail(Status.UNAVAILABLE, "timed out waiting for the spool")
         if not self._route_valid():
             replica.spool_lock.release()
@@ -90,6 +88,10 @@ class PipelineSyncStates:
         except PipelineBroken as exc:
             replica.spool_lock.release()
             return self._fail(Status.UNAVAILABLE, str(exc))
+        resolver = getattr(getattr(self.broker, "topology", None), "resolver", None)
+        if resolver is not None:
+            self.pipeline.fence = PrimaryFence(resolver, replica.journal, self.res.route,
+                                               self.res.header.etcd.revision)
         replica.pipeline = self.pipeline
         self._go(d)
 

@@ -8,6 +8,22 @@ replicas' spools), and pulses each journal for which we became primary (or whose
 changed) — a zero-byte append through the ordinary FSM, retried with backoff until it
 succeeds for that route. Idle journals cost no task: pulses are one-shot and bounded
 by a semaphore.
+
+Safety on route changes (fence.py): every keyspace change aborts the replicate streams
+whose route is superseded (the spool goes to the new primary at once), and a replica
+whose assignment went away is *retired*, never dropped: its spool's committed content
+is closed and handed to the persister, and the Replica (its closed fragments, readable
+and fetchable, and its spool offset, which it brings to the next pipeline sync if it is
+assigned again) stays until the index shows everything persisted.
+
+A lost lease (the process was paused past its TTL, or etcd expired it): etcd already
+deleted our member key, assignments and allocator leader key, so we hold no journal.
+`_watch_lease` drops every pipeline and replicate stream at once (we must not act as
+primary a moment longer) and re-announces under a new lease, so the allocator can
+place journals here again. Re-registering in place rather than exiting keeps the
+spools (which may hold the only copy of committed, unpersisted content) and keeps
+the cluster's capacity when nothing restarts us; the old incarnation's state is
+harmless because the peers fence it by route.
 """
 
 from __future__ import annotations
@@ -23,8 +39,10 @@ from quire.protocol import AppendRequest, Route, Status
 from .append_fsm import AppendFSM, State
 from .assignments import advertise_route
 from .etcd import connect
+from .fence import abort_superseded
 from .keyspace import KeySpace
 from .membership import BrokerSpec, Membership
+from .pipeline import PipelineBroken
 from .resolver import Resolver
 
 if TYPE_CHECKING:
@@ -86,6 +104,7 @@ class Hosting:
     async def start(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
         self._spawn(self._follow(), name="hosting-follow")
+        self._spawn(self._watch_lease(), name="hosting-lease")
         self._spawn(self._pulse_loop(), name="hosting-pulse")
         if self.cfg.run_allocator:
             from .allocator import Allocator
@@ -125,11 +144,45 @@ class Hosting:
     async def set_exiting(self) -> None:
         if self.membership is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.membership.set_exiting(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await self.membership.set_exiting()
 
     async def advertise(self, journal: str, route: Route) -> int:
         assert self.keyspace is not None
         return await advertise_route(self.client, self.keyspace, journal, route)
+
+    def poke(self) -> None:
+        """Re-evaluate hosted replicas (e.g. a replicate stream released a spool)."""
+        self._changed.set()
+
+    async def _watch_lease(self) -> None:
+        while True:
+            member = self.membership
+            assert member is not None
+            await member.lost.wait()
+            log.error("membership lease lost: dropping every pipeline and stream, re-announcing",
+                      member=str(self.server.me))
+            self._pulsed.clear()
+            for replica in list(self.server.replicas.values()):
+                replica.resolution = None
+                stream = replica.stream
+                if stream is not None:
+                    replica.stream = None
+                    stream[1].abort()
+                pln = replica.pipeline
+                if pln is not None:
+                    pln._fail(PipelineBroken("membership lease lost"))
+                    self._spawn(self._retire(replica))
+            delay = 0.2
+            while not self._stop.is_set():
+                try:
+                    await member.renew()
+                    break
+                except Exception as exc:  # noqa: BLE001 - etcd unreachable: keep trying
+                    log.warning("re-announcing failed; retrying", error=repr(exc), delay=delay)
+                    await asyncio.sleep(delay)  # backoff against an unavailable etcd
+                    delay = min(delay * 2, 5.0)
+            self._changed.set()
 
     # -- following assignments ------------------------------------------------------------
 
@@ -145,20 +198,28 @@ class Hosting:
         mine = {a.journal for a in ks.assignments_of(me)}
         for journal in mine:
             server.replica(journal)
+        abort_superseded(server.replicas, self.resolver)
         for journal, replica in list(server.replicas.items()):
             if journal in mine:
                 continue
             if replica.pipeline is None and not replica.spool_lock.locked() \
                     and not replica.pipeline_lock.locked():
-                replica.close()
-                del server.replicas[journal]
                 self._pulsed.pop(journal, None)
+                # Never drop committed content: close it for persistence and keep the
+                # replica (files, offset) until the index shows it persisted.
+                if not replica.retire():
+                    replica.close()
+                    del server.replicas[journal]
         for journal in mine:
             res = self.resolver.resolve_now(journal)
             replica = server.replicas[journal]
             pln = replica.pipeline
             if pln is not None and (not res.is_primary or not pln.route.equivalent(res.route)
                                     or pln.route.endpoints != res.route.endpoints):
+                if not res.is_primary:
+                    # Superseded: fail in-flight acknowledgements now (fence.py) rather
+                    # than waiting on peers that may be gone.
+                    pln._fail(PipelineBroken("no longer the journal's primary"))
                 self._spawn(self._retire(replica))
             if res.is_primary and self._pulsed.get(journal) != res.route \
                     and journal not in self._pulsing:
@@ -170,8 +231,10 @@ class Hosting:
         async with replica.pipeline_lock:
             res = self.resolver.resolve_now(replica.journal)
             pln = replica.pipeline
-            if pln is not None and (not res.is_primary or not pln.route.equivalent(res.route)):
+            if pln is not None and (pln.broken is not None or not res.is_primary
+                                    or not pln.route.equivalent(res.route)):
                 await self.server.teardown_pipeline(replica)
+        self._changed.set()  # a replica no longer assigned may retire now
 
     async def pulse(self, journal: str) -> AppendFSM:
         req = AppendRequest(journal=journal, do_not_proxy=True, suspend="no-resume")

@@ -60,6 +60,19 @@ def decode_index(raw: bytes | str) -> tuple[Fragment, ...]:
     return _DECODER.decode(raw)
 
 
+def _honour_cancellation() -> None:
+    """Re-raise a cancellation a library swallowed.
+
+    redis-py's read timeout (an `asyncio.timeout` inside `get_message`) turns a
+    cancellation that races with its own expiry into "no message": get_message returns
+    None and this task, asked to stop, would poll on until SIGKILL. The request is
+    still counted (`Task.cancelling()`), so honour it here.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class IndexWatch:
     """Subscribe to index updates and apply them for hosted journals.
 
@@ -119,6 +132,7 @@ class IndexWatch:
                         log.warning("index watch lost Redis; retrying", error=str(exc))
                     else:
                         log.debug("index watch cannot reach Redis", error=str(exc), backoff=backoff)
+                _honour_cancellation()
                 if self.connected.is_set():
                     backoff = self.backoff_initial  # it worked for a while: start over
                 self.connected.clear()
@@ -133,7 +147,8 @@ class IndexWatch:
         client = self._client()
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
-            await asyncio.wait_for(pubsub.subscribe(INDEX_CHANNEL), self.io_timeout)
+            async with asyncio.timeout(self.io_timeout):
+                await pubsub.subscribe(INDEX_CHANNEL)
             # Subscribed first, then reload: anything published from now on is seen.
             hosted = set(self._journals())
             await self.load_all(hosted)
@@ -141,6 +156,7 @@ class IndexWatch:
             log.info("index watch subscribed", channel=INDEX_CHANNEL, journals=len(hosted))
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                _honour_cancellation()
                 # A replica created since the last look gets its index at once, not
                 # at the journal's next refresh.
                 now_hosted = set(self._journals())
@@ -155,7 +171,8 @@ class IndexWatch:
                     await self.load([journal])
         finally:
             try:
-                await asyncio.wait_for(pubsub.aclose(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await pubsub.aclose()
             except Exception:  # noqa: BLE001 - the connection may already be gone
                 pass
 
@@ -178,7 +195,9 @@ class IndexWatch:
                 pipe.hmget(REFRESHED_KEY, names)
                 return await pipe.execute()
 
-        results = await asyncio.wait_for(fetch(), self.io_timeout * 2)
+        async with asyncio.timeout(self.io_timeout * 2):
+            results = await fetch()
+        _honour_cancellation()
         stamps = results[-1]
         count = 0
         for name, raw, stamp in zip(names, results[:-1], stamps):
@@ -205,7 +224,8 @@ class IndexWatch:
         client, self._redis = self._redis, None
         if client is not None:
             try:
-                await asyncio.wait_for(client.aclose(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await client.aclose()
             except Exception:  # noqa: BLE001
                 pass
 

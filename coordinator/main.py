@@ -20,6 +20,8 @@ def command(
     lease_ttl: Optional[float] = typer.Option(None, "--lease-ttl", help="Membership lease TTL, seconds."),
     min_append_rate: Optional[int] = typer.Option(None, "--min-append-rate", help="Bytes/s below which appenders are aborted."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port."),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address the metrics server binds (0.0.0.0: every interface)."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="On SIGTERM, most seconds spent draining (in-flight appends, rolling led spools, waiting for their persistence)."),
     pulse_interval: float = typer.Option(60.0, "--pulse-interval", help="Seconds between pulses of primary journals."),
     no_allocator: bool = typer.Option(False, "--no-allocator", help="Do not run the allocator here."),
     log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
@@ -43,14 +45,14 @@ def command(
                        journal_limit=s.journal_limit,
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
-                       run_allocator=not no_allocator)
+                       drain_timeout=drain_timeout, run_allocator=not no_allocator)
     persister = None
     if redis:
         persister = _celery_persister(redis)
     if metrics_port:
         from .metrics import serve
 
-        serve(metrics_port)
+        serve(metrics_port, metrics_addr)
     try:
         import uvloop
 

@@ -76,28 +76,36 @@ class Membership:
     async def __aenter__(self) -> Membership:
         lease = await self._client.lease(self._ttl)
         self._lease_id = lease.id
+        # Keep the new lease alive from the start: `_create` may wait up to
+        # `wait_absent` (longer than our own TTL) for a previous incarnation's key to
+        # expire, and a lease nobody refreshes would expire first ("requested lease
+        # not found" on the put).
+        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{self._spec.id}")
         try:
             await self._create()
         except BaseException:
+            await self._stop_keep_alive()
             await self._revoke()
             raise
-        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{self._spec.id}")
         log.info("member announced", member=str(self._spec.id), lease=self._lease_id,
                  ttl=self._ttl, endpoint=self._spec.endpoint)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._stop_keep_alive()
         if self._lease_id:
             await self._revoke()
             log.info("member left", member=str(self._spec.id))
+
+    async def _stop_keep_alive(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
 
     async def _create(self) -> None:
         deadline = time.monotonic() + self._wait_absent
@@ -113,6 +121,21 @@ class Membership:
             # The previous holder's lease has not expired yet; its TTL bounds this wait.
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
+
+    async def renew(self) -> None:
+        """Announce again under a new lease after the old one expired (`lost`): e.g. the
+        process was paused past its TTL. etcd already deleted the old member key and every
+        assignment and leader key under that lease, so this is a new incarnation of the
+        same member; the caller has already dropped everything the old one held (hosting)."""
+        await self._stop_keep_alive()
+        self._lease_id = 0
+        lease = await self._client.lease(self._ttl)
+        self._lease_id = lease.id
+        self.lost = asyncio.Event()
+        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{self._spec.id}")
+        await self._create()
+        log.warning("member re-announced under a new lease", member=str(self._spec.id),
+                    lease=self._lease_id)
 
     async def set_exiting(self) -> None:
         """Announce a graceful exit: the allocator stops placing here and drains us."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import os
 import time
 import weakref
@@ -137,6 +138,7 @@ class CeleryPersister:
         self._owns_app = celery_app is None
         self._pending: dict[tuple[str, int, int, str], _Pending] = {}
         self._wake = asyncio.Event()
+        self._progress = asyncio.Event()  # a fragment left `pending`, or a send failed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quire-persister")
         self._inflight: asyncio.Future[Any] | None = None
         self.stats = _Stats()
@@ -190,6 +192,7 @@ class CeleryPersister:
                 del self._pending[key]
                 done.append(f)
         if done:
+            self._progress.set()
             self.stats.persisted += len(done)
             log.info("fragments persisted", journal=journal, count=len(done),
                      end=max(f.end for f in done))
@@ -200,7 +203,33 @@ class CeleryPersister:
         keys = [k for k in self._pending if k[0] == journal]
         for k in keys:
             del self._pending[k]
+        self._progress.set()
         return len(keys)
+
+    # -- exit (coordinator/drain.py) ----------------------------------------------------
+
+    def flush(self) -> None:
+        """Exiting (Gazette's Finish): send every pending fragment now, replicas' too."""
+        now = time.monotonic()
+        for p in self._pending.values():
+            p.due = min(p.due, now)
+        self._backoff = self.backoff_initial
+        self._wake.set()
+
+    async def wait_persisted(self, fragments: Iterable[Fragment], timeout: float) -> list[Fragment]:
+        """Wait (bounded) until none of `fragments` is pending; those still pending.
+        Gives up early once a send fails: with the task broker down nothing will move."""
+        keys = {(f.journal, f.begin, f.end, f.sum): f for f in fragments}
+        deadline, failures = time.monotonic() + timeout, self.stats.enqueue_failures
+        while True:
+            left = [f for k, f in keys.items() if k in self._pending]
+            remaining = deadline - time.monotonic()
+            if not left or remaining <= 0 or self.stats.enqueue_failures > failures:
+                return left
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._progress.wait()
 
     # -- observability ----------------------------------------------------------------
 
@@ -227,10 +256,9 @@ class CeleryPersister:
             while True:
                 wait = await self._send_due()
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
         finally:
             self.close()
 
@@ -270,7 +298,8 @@ class CeleryPersister:
         loop = asyncio.get_running_loop()
         self._inflight = loop.run_in_executor(self._executor, self._publish, kwargs)
         try:
-            await asyncio.wait_for(asyncio.shield(self._inflight), self.enqueue_timeout)
+            async with asyncio.timeout(self.enqueue_timeout):
+                await asyncio.shield(self._inflight)
         except Exception as exc:  # noqa: BLE001 - any failure means "Redis is not taking it"
             self._on_send_failure(exc)
             return False
@@ -284,6 +313,7 @@ class CeleryPersister:
 
     def forget_fragment(self, fragment: Fragment) -> None:
         self._pending.pop((fragment.journal, fragment.begin, fragment.end, fragment.sum), None)
+        self._progress.set()
 
     def _publish(self, kwargs: dict[str, Any]) -> None:
         if self._app is None:
@@ -303,6 +333,7 @@ class CeleryPersister:
 
     def _on_send_failure(self, exc: BaseException) -> None:
         self.stats.enqueue_failures += 1
+        self._progress.set()
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         if self.stats.broker_down_since is None:
             self.stats.broker_down_since = time.time()

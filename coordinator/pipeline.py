@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quire.logs import get_logger
 from quire.protocol import (
@@ -62,6 +62,9 @@ class Pipeline:
         self._tickets: deque[tuple[asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]], bool]] = deque()
         self._answers: list[deque[ReplicateResponse]] = [deque() for _ in self._streams]
         self._reader: asyncio.Task[None] | None = None
+        self.fence: Callable[[], bool] | None = None
+        """False once our keyspace shows the route superseded (fence.PrimaryFence): no
+        commit is acknowledged after that (an early exit; the peers are the fence)."""
         self._log = log.bind(journal=replica.journal, route=str(header.route),
                              revision=header.etcd.revision)
 
@@ -75,7 +78,8 @@ class Pipeline:
                 stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT)
                 streams.append((pid, stream))
                 await stream.send(Hello())
-                await asyncio.wait_for(stream.read_message(HelloAck), CONNECT_TIMEOUT)
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    await stream.read_message(HelloAck)
         except (OSError, asyncio.TimeoutError, ProtocolError) as exc:
             for _, s in streams:
                 s.abort()
@@ -173,6 +177,10 @@ class Pipeline:
                     while (frame := s.read_buffered()) is not None:
                         q.append(expect(frame, ReplicateResponse)[0])
                 ready = min(map(len, queues))
+                fence = self.fence
+                if ready and fence is not None and not fence():
+                    raise PipelineBroken("route superseded: this coordinator is no longer "
+                                         "the journal's primary")
                 for _ in range(min(ready, len(tickets))):
                     fut, must_ok = tickets.popleft()
                     answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
@@ -216,8 +224,9 @@ class Pipeline:
             reader = self._reader
             if reader is not None:
                 try:
-                    await asyncio.wait_for(asyncio.shield(reader), ACK_TIMEOUT + 1)
-                except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+                    async with asyncio.timeout(ACK_TIMEOUT + 1):
+                        await asyncio.shield(reader)
+                except Exception:  # noqa: BLE001 - TimeoutError included
                     pass
         for _, s in self.peers:
             await s.close()

@@ -146,7 +146,8 @@ async def proxy_read(conn: FrameStream, req: ReadRequest, res) -> bool:  # noqa:
         try:
             upstream = await FrameStream.connect(endpoint, timeout=5.0)
             await upstream.send(Hello())
-            await asyncio.wait_for(upstream.read_message(HelloAck), 5.0)
+            async with asyncio.timeout(5.0):
+                await upstream.read_message(HelloAck)
             break
         except (OSError, ProtocolError, asyncio.TimeoutError):
             if upstream is not None:

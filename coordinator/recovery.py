@@ -13,6 +13,14 @@ What is not recovered, on purpose: `*.spool` files (an open spool at the crash: 
 of its bytes were committed, and their SHA-1, is unknown; the journal's other
 replicas hold the committed ones, as in Gazette, whose spools are unlinked temp files)
 and the recycle pool `.free/`. Both are deleted.
+
+A graceful exit (drain.py) leaves one more thing: `<spool_dir>/<journal>/.head.json`,
+the write head (end offset and registers) of a replica whose spool was empty at exit —
+every offset below it was written. The next incarnation resumes that replica's spool
+there (`Replica.resume_at`) and deletes the file, so a plain append continues at the
+head. A crash leaves no (current) head: the spool then starts at 0 as before, and the
+index or the recovered fragments refuse appends below their end. A head only ever
+moves the spool forward, and a pipeline sync rolls it further to any peer's end.
 """
 
 from __future__ import annotations
@@ -22,17 +30,53 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import msgspec
+
 from quire.logs import get_logger
-from quire.protocol import Codec, Fragment
+from quire.protocol import Codec, Fragment, LabelSet
 
 from .replica import LocalFragment
 from .spool import DiskFile, DiskFiles
 
-__all__ = ["RecoveredFragments", "scan_spool_dir"]
+__all__ = ["Head", "RecoveredFragments", "read_heads", "scan_spool_dir", "write_head"]
 
 log = get_logger(__name__)
 
 _SEALED = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})-([0-9a-f]{40})\.raw$")
+HEAD_FILE = ".head.json"
+"""No journal name segment starts with '.', so this never collides with a journal."""
+
+
+class Head(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica's write head at a graceful exit (its spool was empty there)."""
+
+    end: int
+    registers: LabelSet = LabelSet()
+    codec: Codec = Codec.NONE
+
+
+def write_head(files: DiskFiles, journal: str, fragment: Fragment, registers: LabelSet) -> None:
+    """Record `fragment.end` (an empty spool's position) for the next incarnation."""
+    path = files.root / journal / HEAD_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(HEAD_FILE + ".tmp")
+    tmp.write_bytes(msgspec.json.encode(Head(end=fragment.end, registers=registers,
+                                             codec=fragment.codec)))
+    os.replace(tmp, path)  # whole or absent, never torn
+
+
+def read_heads(files: DiskFiles, journals: Iterable[str]) -> dict[str, Head]:
+    """The recorded heads of `journals` (existing journals: others are left alone)."""
+    heads: dict[str, Head] = {}
+    for journal in journals:
+        path = files.root / journal / HEAD_FILE
+        try:
+            heads[journal] = msgspec.json.decode(path.read_bytes(), type=Head)
+        except FileNotFoundError:
+            continue
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("ignoring an unreadable write head", path=str(path), error=repr(exc))
+    return heads
 
 
 def scan_spool_dir(files: DiskFiles, codec_of: Callable[[str], Codec | None]
@@ -82,10 +126,20 @@ def _remove_all(d: Path) -> None:
 
 
 class RecoveredFragments:
-    """Recovered fragments of journals we do not (yet) host again."""
+    """Recovered fragments (and heads) of journals we do not (yet) host again."""
 
-    def __init__(self, by_journal: dict[str, list[LocalFragment]]) -> None:
+    def __init__(self, by_journal: dict[str, list[LocalFragment]],
+                 heads: dict[str, Head] | None = None, files: DiskFiles | None = None) -> None:
         self.by_journal = by_journal
+        self.heads = heads or {}
+        self._files = files
+
+    def take_head(self, journal: str) -> Head | None:
+        """A journal's recorded head, once: the file goes as its replica adopts it."""
+        head = self.heads.pop(journal, None)
+        if head is not None and self._files is not None:
+            (self._files.root / journal / HEAD_FILE).unlink(missing_ok=True)
+        return head
 
     def journals(self) -> Iterable[str]:
         return list(self.by_journal)

@@ -66,7 +66,8 @@ class LocalFragment:
 class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
-                 "_pulse_pending", "resolution", "limiter")
+                 "_pulse_pending", "resolution", "limiter", "stream",
+                 "synced_end")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -90,6 +91,12 @@ class Replica:
         """The append FSM's last primary resolution (reused while the keyspace is still)."""
         self.limiter: RateLimiter | None = None
         """The journal's max_append_rate bucket (only while the spec sets one)."""
+        self.synced_end = 0
+        """The spool's end at the last synchronization a primary's stream proved (a
+        replica rolled forward by a sync holds no bytes of the gap it skipped, so this
+        raises the reported write head without making the gap look unwritten)."""
+        self.stream = None
+        """(fence.StreamFence, FrameStream) of the replicate stream holding the spool."""
 
     # -- spool observer ---------------------------------------------------------------
 
@@ -105,6 +112,7 @@ class Replica:
         if self._on_closed is not None:
             self._on_closed(fragment, file.path if file else None, primary)
         self._drop_persisted()
+        self.wake()  # a draining coordinator waits for its primaries' exit rolls
 
     # -- publication and waiting ------------------------------------------------------
 
@@ -128,8 +136,9 @@ class Replica:
             await asyncio.shield(fut)
         else:
             try:
-                await asyncio.wait_for(asyncio.shield(fut), timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(fut)
+            except TimeoutError:
                 pass
 
     # -- the remote index -------------------------------------------------------------
@@ -157,6 +166,20 @@ class Replica:
             self.local = sorted([*fragments, *self.local], key=lambda lf: lf.fragment.begin)
             self._drop_persisted()
 
+    def resume_at(self, head) -> None:  # noqa: ANN001 - a recovery.Head
+        """Start a fresh, empty spool at the write head a graceful exit recorded (with
+        its registers): every offset below it was written, and committed here, so it
+        is published as a commit is (readers see it from the closed local fragments or
+        the store). Never moves a spool back."""
+        spool = self.spool
+        if head.end <= spool.end or spool.content_length or spool.delta:
+            return
+        resp = spool.apply_proposal(spool.roll_proposal(head.end, codec=head.codec,
+                                                        registers=head.registers))
+        self.publish(spool.end)
+        self._log.info("spool resumed at the recorded write head", end=head.end,
+                       status=resp.status.name)
+
     def _drop_persisted(self) -> None:
         # A closed local fragment is deleted only once the index shows its whole span
         # persisted: until then it is the only copy this replica can serve or re-send.
@@ -179,7 +202,14 @@ class Replica:
 
     @property
     def write_head(self) -> int:
-        return max(self.head, self.index_end)
+        """The synchronized state: what was published, proven by a pipeline sync, or is
+        known to the index (never a stale head after a roll forward)."""
+        return max(self.head, self.synced_end, self.index_end)
+
+    def note_synced(self, end: int) -> None:
+        if end > self.synced_end:
+            self.synced_end = end
+            self.wake()
 
     def lookup(self, offset: int) -> tuple[Fragment, LocalFragment | None] | None:
         """The fragment serving `offset`: a readable local one first, then the store.
@@ -250,6 +280,31 @@ class Replica:
         elif self.limiter is None or self.limiter.rate != rate:
             self.limiter = RateLimiter(rate)
         return self.limiter
+
+    def retire(self) -> bool:
+        """The assignment went away: close the spool's committed content as a fragment
+        (handed to the persister at once, kept on disk and readable/fetchable until the
+        index shows it persisted) instead of dropping it, and keep the spool's offset.
+        The caller holds (or checked free) the spool lock. True while something remains
+        that only this replica may hold (closed fragments not yet persisted)."""
+        spool = self.spool
+        self.drop_unacknowledged()
+        if spool.content_length:
+            spool.close(primary=True)  # primary: persist now, we may be the last copy
+            self._log.info("assignment gone; spool closed for persistence", end=spool.end)
+        return bool(self.local)
+
+    def drop_unacknowledged(self) -> None:
+        """A replica publishes every commit it adopts, a primary only acknowledged ones:
+        spool content past the published head is a (former) primary's commits that not
+        every peer acknowledged. Called when another stream takes the spool, or on
+        retirement (the caller owns the spool): the content is dropped (fence.py)."""
+        spool = self.spool
+        if spool.end > self.head and spool.content_length:
+            before = spool.end
+            if spool.drop_after(self.head):
+                self._log.warning("dropped unacknowledged commits of a superseded primary",
+                                  begin=max(self.head, spool.begin), end=before)
 
     def close(self) -> None:
         """Release files (the replica left this coordinator)."""

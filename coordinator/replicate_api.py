@@ -6,17 +6,24 @@ own route is equivalent (else WRONG_ROUTE with its own header, so the primary ca
 who is behind), then takes the spool — blocking while another stream owns it — and
 applies every message in order. Only acknowledged proposals are answered. The stream's
 end, however it comes, rolls back uncommitted bytes and releases the spool.
+
+Fencing (fence.py): before each proposal the replica checks that its keyspace has not
+superseded the stream's route since the header's revision; if it has, it answers
+WRONG_ROUTE and ends the stream, so a paused-then-woken primary can no longer commit
+here. While it holds the spool the stream is registered on the replica, so a keyspace
+change aborts it at once (hosting) and the new primary gets the spool promptly.
 """
 
 from __future__ import annotations
 
-import asyncio
 
 from quire.logs import get_logger
 from quire.protocol import ReplicateContent, ReplicateProposal, ReplicateResponse, Status
 from quire.protocol.errors import ProtocolError
 from quire.protocol.stream import FrameStream
 
+from .fence import StreamFence
+from .replica import acquire_within
 from .spool import SpoolError
 
 log = get_logger(__name__)
@@ -43,19 +50,25 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         return False
     replica = broker.replica(journal)
     bound = log.bind(journal=journal, route=str(hdr.route), revision=hdr.etcd.revision)
-    try:
-        await asyncio.wait_for(replica.spool_lock.acquire(), SPOOL_TIMEOUT)
-    except asyncio.TimeoutError:
+    if not await acquire_within(replica.spool_lock, SPOOL_TIMEOUT):
         await conn.send(ReplicateResponse(status=Status.UNAVAILABLE, header=res.header,
                                           message="timed out waiting for the spool"))
         return False
     spool = replica.spool
+    resolver = getattr(getattr(broker, "topology", None), "resolver", None)
+    fence = StreamFence(resolver, journal, hdr.route, res.header.etcd.revision) \
+        if resolver is not None else None
     try:
         # The route may have moved while we waited for the previous owner.
         now = await broker.resolve(journal, 0)
         if not now.route.equivalent(hdr.route) and now.header.etcd.revision > hdr.etcd.revision:
             await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
             return False
+        # If we were this journal's primary, commits nobody acknowledged are not ours
+        # to offer to the new primary's sync (fence.py).
+        replica.drop_unacknowledged()
+        if fence is not None:
+            replica.stream = (fence, conn)
         msg: object = first
         payload: bytes | memoryview = b""
         header_sent = False
@@ -63,8 +76,18 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
             if isinstance(msg, ReplicateContent):
                 spool.apply_content(msg.content_delta, payload)
             elif isinstance(msg, ReplicateProposal):
+                if fence is not None and not fence.valid():
+                    # Our keyspace superseded this primary's route: refuse its proposal
+                    # (above all a commit) and end the stream (fence.py).
+                    now = broker.topology.resolver.resolve_now(journal)
+                    bound.warning("replicate stream fenced: route superseded",
+                                  current=str(now.route), at=now.header.etcd.revision)
+                    await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
+                    return False
                 resp = spool.apply_proposal(msg)
                 if msg.acknowledge:
+                    if resp.status == Status.OK:
+                        replica.note_synced(spool.end)
                     if not header_sent:
                         resp = ReplicateResponse(status=resp.status, header=res.header,
                                                  fragment=resp.fragment, registers=resp.registers)
@@ -84,5 +107,10 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         await conn.send_error(str(exc), Status.PROPOSAL_MISMATCH)
         return False
     finally:
+        if replica.stream is not None and replica.stream[1] is conn:
+            replica.stream = None
         spool.rollback()
         replica.spool_lock.release()
+        poke = getattr(getattr(broker, "topology", None), "poke", None)
+        if poke is not None:
+            poke()  # hosting re-evaluates (a replica no longer assigned may now retire)

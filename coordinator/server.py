@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from dataclasses import dataclass
 
 from quire.logs import get_logger
 from quire.protocol import (
     AppendRequest,
+    AppendResponse,
     ApplyRequest,
     ApplyResponse,
     BrokerInfo,
@@ -45,9 +47,10 @@ from . import metrics
 from .append_api import serve_append
 from .read_api import serve_fetch, serve_list_fragments, serve_read
 from .replica import LocalPersister, Persister, Replica
-from .recovery import RecoveredFragments, scan_spool_dir
+from .recovery import RecoveredFragments, read_heads, scan_spool_dir
 from .replicate_api import serve_replicate
 from .spool import DiskFiles
+from .drain import drain, record_heads
 from .hosting import Hosting
 
 log = get_logger(__name__)
@@ -67,9 +70,23 @@ class ServerConfig:
     journal_limit: int = 1024
     lease_ttl: float = 20.0
     min_append_rate: float = 64 * 1024
-    drain_timeout: float = 10.0
+    drain_timeout: float = 30.0
+    """On SIGTERM, the bound of the whole drain (drain.py)."""
     pulse_interval: float = 60.0
     run_allocator: bool = True
+
+
+def _dump_tasks() -> None:
+    """`kill -USR2 <pid>`: every asyncio task's stack on stderr (where a shutdown hangs)."""
+    for task in asyncio.all_tasks():
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        coro = task.get_coro()
+        while coro is not None:  # the await chain, outermost first
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}",
+                      file=sys.stderr)
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
 
 
 class Server:
@@ -96,6 +113,7 @@ class Server:
         self._appends_idle = asyncio.Event()
         self._appends_idle.set()
         self._tg: asyncio.TaskGroup | None = None
+        self._withdrawn = False
 
     # -- what the FSM and handlers need (append_fsm.Broker) ------------------------------
 
@@ -107,6 +125,9 @@ class Server:
         if r is None:
             r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
             r.adopt_local(self.recovered.take(journal))
+            head = self.recovered.take_head(journal)
+            if head is not None:
+                r.resume_at(head)
             metrics.REPLICAS.set(len(self.replicas))
         return r
 
@@ -127,7 +148,8 @@ class Server:
             entry = journals.get(journal)
             return entry.spec.fragment.compression_codec if entry is not None else None
 
-        self.recovered = RecoveredFragments(scan_spool_dir(self.files, codec_of))
+        self.recovered = RecoveredFragments(scan_spool_dir(self.files, codec_of),
+                                            read_heads(self.files, journals), self.files)
         for journal, frags in self.recovered.by_journal.items():
             log.info("re-queueing closed fragments of a previous run", journal=journal,
                      count=len(frags), end=frags[-1].fragment.end)
@@ -161,9 +183,10 @@ class Server:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig, handler in ((signal.SIGTERM, self.stopping.set), (signal.SIGINT, self.stopping.set),
+                             (signal.SIGUSR2, _dump_tasks)):
             try:
-                loop.add_signal_handler(sig, self.stopping.set)
+                loop.add_signal_handler(sig, handler)
             except (NotImplementedError, RuntimeError):
                 pass
         host, _, port = self.cfg.listen.rpartition(":")
@@ -184,9 +207,11 @@ class Server:
                              loop=type(asyncio.get_running_loop()).__module__)
                     await self.stopping.wait()
                     log.info("coordinator stopping", id=str(self.me))
+                    # Still listening while draining: persist workers fetch the rolled
+                    # fragments from us, peers replicate; only new appends are refused.
+                    await drain(self)  # roll, mark exiting, persist (drain.py)
+                    self._withdrawn = True
                     server.close()
-                    await self.topology.set_exiting()
-                    await self._drain()
                     self.topology.stop()
             finally:
                 self._tg = None
@@ -198,15 +223,19 @@ class Server:
                 for r in list(self.replicas.values()):
                     if r.pipeline is not None:
                         await self.teardown_pipeline(r)
+                if self._withdrawn:
+                    record_heads(self)  # a graceful exit only (drain.py)
         self.files.close()
         log.info("coordinator stopped", id=str(self.me))
 
-    async def _drain(self) -> None:
-        """Let in-flight appends finish (bounded); the rest are cancelled and roll back."""
-        try:
-            await asyncio.wait_for(self._appends_idle.wait(), self.cfg.drain_timeout)
-        except asyncio.TimeoutError:
-            log.warning("appends still in flight at shutdown; rolling them back", count=self._appends)
+    @property
+    def appends_idle(self) -> asyncio.Event:
+        """Set while no append RPC is being served (the drain waits for it)."""
+        return self._appends_idle
+
+    @property
+    def appends_in_flight(self) -> int:
+        return self._appends
 
     # -- connections ------------------------------------------------------------------
 
@@ -233,11 +262,12 @@ class Server:
             conn.abort()
 
     async def _serve(self, conn: FrameStream) -> None:
-        frame = await asyncio.wait_for(conn.read(), HELLO_TIMEOUT)
+        async with asyncio.timeout(HELLO_TIMEOUT):
+            frame = await conn.read()
         if not isinstance(frame.message, Hello):
             raise ProtocolError(f"expected Hello, got {type(frame.message).__name__}")
         await conn.send(HelloAck(process_id=self.me))
-        while not self.stopping.is_set():
+        while not self._withdrawn:
             try:
                 frame = await conn.read()
             except ProtocolError as exc:
@@ -249,6 +279,13 @@ class Server:
 
     async def _dispatch(self, conn: FrameStream, msg: object, payload: bytes | memoryview) -> bool:
         if isinstance(msg, AppendRequest):
+            if self.stopping.is_set():
+                # Draining: the spools it leads are being rolled for exit. The client
+                # retries (elsewhere, or here after the restart); its content is unread,
+                # so the connection closes.
+                await conn.send(AppendResponse(status=Status.UNAVAILABLE,
+                                               message="coordinator is shutting down"))
+                return False
             self._appends += 1
             self._appends_idle.clear()
             try:

@@ -349,6 +349,25 @@ class Spool:
         """Drop uncommitted content (a replicate stream ended mid-append)."""
         self._rollback()
 
+    def drop_after(self, end: int) -> bool:
+        """Forget committed content past `end`: a superseded primary's commits that not
+        every peer acknowledged (fence.py). The SHA-1 is recomputed from the file."""
+        self._rollback()
+        frag = self.fragment
+        end = max(frag.begin, min(end, frag.end))
+        if end == frag.end:
+            return False
+        hasher = _EMPTY_SHA1.copy()
+        if self._file is not None:
+            for pos in range(0, end - frag.begin, 1 << 20):
+                hasher.update(self._file.read_at(pos, min(1 << 20, end - frag.begin - pos)))
+            self._file.truncate(end - frag.begin)
+        self.fragment = Fragment(journal=self.journal, begin=frag.begin, end=end,
+                                 sum=hasher.hexdigest() if end > frag.begin else EMPTY_SUM,
+                                 codec=frag.codec)
+        self._hasher, self._saved = hasher, hasher.copy()
+        return True
+
     def close(self, primary: bool = False) -> None:
         """Finish the current fragment (replica shutdown / journal dropped)."""
         self._roll(self.roll_proposal().proposal, self.registers, primary)

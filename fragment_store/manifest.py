@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from quire.protocol import Fragment, ValidationError, validate_journal_name
+from quire.protocol import Fragment, LabelSet, ValidationError, validate_journal_name
 
 from .index import CoverSet
 from .stores.base import FragmentStore
@@ -28,6 +28,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     updated: float = 0.0
     """Unix seconds of the refresh that wrote it."""
     version: int = MANIFEST_VERSION
+    labels: LabelSet = LabelSet()
+    """The journal spec's labels when it was written, so batch readers select journals
+    by label from the store alone (manifests written before this field read as none)."""
 
     def cover_set(self) -> CoverSet:
         return CoverSet(self.fragments)
@@ -42,10 +45,11 @@ def manifest_key(journal: str) -> str:
     return f".quire/index/{journal}/manifest.json"
 
 
-def build_manifest(journal: str, fragments: Iterable[Fragment], now: float | None = None) -> Manifest:
+def build_manifest(journal: str, fragments: Iterable[Fragment], now: float | None = None,
+                   labels: LabelSet = LabelSet()) -> Manifest:
     cover = fragments if isinstance(fragments, CoverSet) else CoverSet(fragments)
     return Manifest(journal=journal, fragments=tuple(cover), end_offset=cover.end_offset,
-                    updated=time.time() if now is None else now)
+                    updated=time.time() if now is None else now, labels=labels)
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
@@ -59,6 +63,7 @@ def decode_manifest(data: bytes, journal: str | None = None) -> Manifest:
         raise ValidationError("manifest", f"malformed manifest: {exc}") from None
     if journal is not None and manifest.journal != journal:
         raise ValidationError("manifest.journal", f"{manifest.journal!r} is not {journal!r}")
+    manifest.labels.validate("manifest.labels")
     for i, f in enumerate(manifest.fragments):
         f.validate(f"manifest.fragments[{i}]")
         if f.journal != manifest.journal:
@@ -67,9 +72,9 @@ def decode_manifest(data: bytes, journal: str | None = None) -> Manifest:
 
 
 def write_manifest(store: FragmentStore, journal: str, fragments: Iterable[Fragment],
-                   now: float | None = None) -> Manifest:
+                   now: float | None = None, labels: LabelSet = LabelSet()) -> Manifest:
     """Write the journal's manifest (replacing any previous one) and return it."""
-    manifest = build_manifest(journal, fragments, now)
+    manifest = build_manifest(journal, fragments, now, labels)
     data = encode_manifest(manifest)
     store.put(manifest_key(journal), data, len(data))
     return manifest

@@ -1,14 +1,19 @@
 """`quire up`: a whole quire cluster on this machine, as real subprocesses.
 
 etcd (from PATH), redis-server, N coordinators (`python -m coordinator.main`), a Celery
-worker, Celery beat, and Flower on request; fragments go to `file://<data-dir>/fragments/`
-unless another store is given. Roles are started as processes and never imported, and
+worker, Celery beat, the live dashboard (`python -m dashboards.main`), and Flower on
+request; fragments go to `file://<data-dir>/fragments/` unless another store is given. Roles are started as processes and never imported, and
 only roles whose code exists are started (a missing workers package is reported, not
 faked).
 
 The data directory is reused across runs: etcd keeps its data (journals survive), the
 ports chosen the first time are remembered in `cluster.json` (etcd's data records its
 peer URL), and every coordinator keeps its id and spool directory.
+
+Stopping drains first: every coordinator gets SIGTERM at once (each rolls the spools it
+leads and waits, at most DRAIN_TIMEOUT, for the still-running workers to persist them),
+then the rest stops in reverse start order. A second run then reads everything and
+appends on where the first one stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,8 @@ from quire.services import CeleryWorkerService, EtcdService, RedisService, Servi
 from quire.services.process import free_port
 
 ROOT = "/quire"
+DRAIN_TIMEOUT = 30.0
+"""`--drain-timeout` of each coordinator: the most a stop waits for its drain."""
 
 
 def _port_free(port: int) -> bool:
@@ -85,6 +93,7 @@ class LocalCluster:
         self.ports = self._ports(port)
         self.coordinators: list[Service] = []
         self.flower_url = ""
+        self.dashboard_url = ""
 
     # -- layout ---------------------------------------------------------------------
 
@@ -104,6 +113,7 @@ class LocalCluster:
         ports["etcd_peer"] = saved.get("etcd_peer") or free_port()
         ports["redis"] = pick("redis", None)
         ports["flower"] = pick("flower", None)
+        ports["dashboard"] = pick("dashboard", None)
         ports["coordinators"] = []
         for i in range(self.n):
             prev = (saved.get("coordinators") or [])
@@ -145,6 +155,7 @@ class LocalCluster:
                                      workdir=self.data_dir / "redis"))
             self._start_coordinators()
             self._start_workers()
+            self._start_dashboard()
         except BaseException:
             self.stop()
             raise
@@ -162,9 +173,10 @@ class LocalCluster:
             argv = [sys.executable, "-m", "coordinator.main", "--zone", zone, "--id", ident,
                     "--listen", endpoint, "--etcd", self.etcd_url, "--root", ROOT,
                     "--spool-dir", str(self.data_dir / "spool" / ident),
-                    "--redis", self.redis_url]
+                    "--redis", self.redis_url, "--drain-timeout", f"{DRAIN_TIMEOUT:g}"]
             svc = Service(ident, argv, env=self.env(), workdir=self.data_dir / "logs" / ident,
-                          probe=lambda e=endpoint: hello_probe(e), ready_timeout=60)
+                          probe=lambda e=endpoint: hello_probe(e), ready_timeout=60,
+                          stop_timeout=DRAIN_TIMEOUT + 15)  # SIGKILL only past its drain
             svc.endpoint = endpoint  # type: ignore[attr-defined]
             svc.describe = lambda e=endpoint, z=zone: f"{e} (zone {z})"  # type: ignore[method-assign]
             self.services.append(svc)
@@ -205,14 +217,36 @@ class LocalCluster:
             flower.describe = lambda: self.flower_url  # type: ignore[method-assign]
             self._start(flower)
 
+    def _start_dashboard(self) -> None:
+        if _package_dir("dashboards") is None:
+            self.notes.append("dashboards package not found: no live dashboard")
+            return
+        port = self.ports["dashboard"]
+        self.dashboard_url = f"http://127.0.0.1:{port}/"
+        dash = Service("dashboard", [sys.executable, "-m", "dashboards.main", "--etcd", self.etcd_url,
+                                     "--root", ROOT, "--listen", f"127.0.0.1:{port}"],
+                       env=self.env(), workdir=self.data_dir / "logs" / "dashboard",
+                       probe=lambda: _http_ok(self.dashboard_url), ready_timeout=60)
+        dash.describe = lambda: self.dashboard_url  # type: ignore[method-assign]
+        self._start(dash)
+
     def stop(self) -> None:
-        """Stop in reverse start order: writers first, etcd last."""
+        """Coordinators first, all at once (each drains while the workers still persist),
+        then the rest in reverse start order: etcd last."""
         errors = []
-        for svc in reversed(self.services):
+
+        def stop(svc: Service) -> None:
             try:
                 svc.stop()
             except ServiceError as exc:
                 errors.append(str(exc))
+
+        if self.coordinators:
+            with ThreadPoolExecutor(len(self.coordinators)) as pool:
+                list(pool.map(stop, self.coordinators))
+        for svc in reversed(self.services):
+            if svc not in self.coordinators:
+                stop(svc)
         self.services.clear()
         self.coordinators.clear()
         if errors:
@@ -261,6 +295,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
         if output == "json":
             print(json.dumps({"broker": ",".join(cluster.endpoints), "etcd": cluster.etcd_url,
                               "redis": cluster.redis_url, "store": cluster.store,
+                              "dashboard": cluster.dashboard_url,
                               "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
                   flush=True)
         else:
@@ -272,8 +307,9 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                 table.add_row(row["service"], str(row["pid"]), row["address"], row["log"])
             Console().print(table)
             Console().print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
-                            f"{','.join(cluster.endpoints)}\nCtrl-C stops everything.",
-                            highlight=False)
+                            f"{','.join(cluster.endpoints)}\n"
+                            + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
+                            + "Ctrl-C stops everything.", highlight=False)
         for note in cluster.notes:
             console.print(f"note: {note}", highlight=False)
         while not stop.wait(0.5):

@@ -8,7 +8,8 @@
    the refresh, which is retried (a partial listing would hide fragments);
 3. build the covering set (fragment_store.index.CoverSet);
 4. write the manifest `.quire/index/<journal>/manifest.json` into stores[0] for
-   batch readers, unless it already holds the same covering set;
+   batch readers — the covering set and the spec's labels, so they select journals by
+   label from the store alone — unless it already holds the same of both;
 5. in one Redis transaction: `SET quire:index:<journal>` (JSON list of Fragment),
    `HSET quire:index-refreshed <journal> <unix time>` and
    `PUBLISH quire:index-updates <journal>`; coordinators (coordinator/index_watch.py)
@@ -35,7 +36,7 @@ from fragment_store import (
     write_manifest,
 )
 from quire.logs import bind, get_logger
-from quire.protocol import Fragment
+from quire.protocol import Fragment, LabelSet
 from workers import common, metrics
 from workers.app import app
 from workers.errors import RETRIABLE
@@ -69,16 +70,17 @@ def publish_index(journal: str, cover: CoverSet | None, now: float | None = None
     pipe.execute()
 
 
-def _write_manifest(store_url: str, journal: str, cover: CoverSet) -> bool:
+def _write_manifest(store_url: str, journal: str, cover: CoverSet, labels: LabelSet) -> bool:
     st = common.store(store_url)
     try:
-        if read_manifest(st, journal).fragments == tuple(cover):
+        old = read_manifest(st, journal)
+        if old.fragments == tuple(cover) and old.labels == labels:
             return False
     except FragmentNotFound:
         pass
     except Exception as exc:  # noqa: BLE001 - a corrupt manifest is simply rewritten
         log.warning("rewriting an unreadable manifest", error=str(exc))
-    write_manifest(st, journal, cover)
+    write_manifest(st, journal, cover, labels=labels)
     return True
 
 
@@ -99,7 +101,7 @@ def refresh(journal: str) -> dict[str, Any]:
         listed.extend(list_fragments(common.store(url), journal))
     cover = CoverSet(listed)
     # Manifest first: once coordinators hear of an index, batch readers see it too.
-    wrote = _write_manifest(stores[0], journal, cover) if stores else False
+    wrote = _write_manifest(stores[0], journal, cover, jt.spec.labels) if stores else False
     publish_index(journal, cover)
     metrics.INDEX_REFRESH_SECONDS.observe(time.monotonic() - started)
     log.info("index refreshed", fragments=len(cover), end_offset=cover.end_offset,

@@ -62,8 +62,8 @@ class FrameStream:
     @classmethod
     async def connect(cls, endpoint: str, timeout: float = 10.0) -> FrameStream:
         host, _, port = endpoint.rpartition(":")
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host or "127.0.0.1", int(port), limit=1 << 21), timeout)
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host or "127.0.0.1", int(port), limit=1 << 21)
         return cls(reader, writer)
 
     @property
@@ -169,7 +169,8 @@ class FrameStream:
 
     async def send_error(self, message: str, status: Status = Status.BAD_REQUEST) -> None:
         try:
-            await asyncio.wait_for(self.send(ErrorFrame(status=status, message=message[:1000])), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.send(ErrorFrame(status=status, message=message[:1000]))
         except (ProtocolError, asyncio.TimeoutError, OSError):
             pass
 
@@ -180,7 +181,8 @@ class FrameStream:
             pass
         self.writer.close()
         try:
-            await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.writer.wait_closed()
         except (OSError, asyncio.TimeoutError):
             pass
 

@@ -80,12 +80,11 @@ async def test_restart_requeues_closed_fragments(etcd, etcd_root, redis_db) -> N
         c.kill(node, signal.SIGKILL)
         node.proc.wait(10)
         redis_db.client.delete("persist")
-        # Let the dead member's lease (--lease-ttl 3) expire first. A restart while it
-        # is still alive can crash the new process: membership.py keeps no keepalive
-        # on its new lease while waiting for the old key to go (reported; not ours).
-        await asyncio.sleep(4.0)
+        # Restart at once, while the dead member's key (--lease-ttl 3) still exists:
+        # the new incarnation keeps its own lease alive while it waits for that key.
         c.start(node)
         await c.wait_listening(node)
+        assert node.proc.poll() is None, c.tail(node)
         again = await _until(lambda: len(spans()) >= 2 and _queued_fragments(redis_db.client))
         assert sorted((f.begin, f.end) for f in again) == closed
         assert all(f.journal == J and len(f.sum) == 40 for f in again)

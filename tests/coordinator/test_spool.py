@@ -206,3 +206,47 @@ class SpoolMachine(RuleBasedStateMachine):
 
 TestSpoolMachine = SpoolMachine.TestCase
 TestSpoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_retired_replica_keeps_committed_content_and_its_offset() -> None:
+    """An assignment going away closes the spool for persistence (never drops it), and
+    the replica keeps its offset for the next pipeline sync (docs/reliability.md #2)."""
+    from quire.protocol import ReplicateContent
+
+    from coordinator.replica import Replica
+
+    closed: list = []
+    replica = Replica("j/retire", MemoryFiles(), lambda f, p, primary: closed.append((f, primary)))
+    spool = replica.spool
+    spool.apply(ReplicateContent(content_delta=0), b"hello world")
+    assert spool.apply_proposal(spool.commit_proposal()).status == Status.OK
+    spool.apply(ReplicateContent(content_delta=0), b"uncommitted")
+    assert replica.retire() is True  # a closed fragment is held until persisted
+    assert [(f.begin, f.end) for f, _ in closed] == [(0, 11)] and closed[0][1] is True
+    assert spool.end == 11 and spool.delta == 0 and spool.content_length == 0
+    frag, local = replica.lookup(0)
+    assert replica.read_local(frag, local, 0, 100) == b"hello world"
+    # A sync at an older offset is answered with our larger one (largest offset wins).
+    resp = spool.apply_proposal(spool.roll_proposal(0))
+    assert resp.status == Status.PROPOSAL_MISMATCH and resp.fragment.end == 11
+    assert spool.end == 11
+
+
+def test_drop_after_forgets_a_superseded_primarys_unacknowledged_commits() -> None:
+    from quire.protocol import ReplicateContent
+
+    from coordinator.replica import Replica
+
+    replica = Replica("j/drop", MemoryFiles())
+    spool = replica.spool
+    for data in (b"acked;", b"unacked"):
+        spool.apply(ReplicateContent(content_delta=0), data)
+        assert spool.apply_proposal(spool.commit_proposal(), primary=True).status == Status.OK
+    replica.publish(6)  # the primary published only the acknowledged commit
+    replica.drop_unacknowledged()
+    assert (spool.begin, spool.end) == (0, 6)
+    assert spool.fragment.sum == hashlib.sha1(b"acked;").hexdigest()
+    assert spool.read_committed(0, 100) == b"acked;"
+    # The next commit continues from the kept prefix with a consistent running SHA-1.
+    spool.apply(ReplicateContent(content_delta=0), b"next")
+    assert spool.next().sum == hashlib.sha1(b"acked;next").hexdigest()

@@ -156,6 +156,8 @@ def test_coordinators_span_zones_and_advertise_their_own_name() -> None:
         assert host == name == services()[name].get("hostname", name)
         assert opts["--etcd"].removeprefix("http://").split(":")[0] in services()
         assert "--metrics-port" in opts and "--redis" in opts
+        # Prometheus runs in another container: metrics bind beyond loopback, no relay.
+        assert opts["--metrics-addr"] == "0.0.0.0"
         ProcessId(opts["--zone"], opts["--id"]).validate()  # what the coordinator will check
         zones.add(opts["--zone"])
         ids.add((opts["--zone"], opts["--id"]))
@@ -186,6 +188,12 @@ def test_depends_on_and_volumes_refer_to_defined_things() -> None:
         mode = svc.get("network_mode", "")
         if mode.startswith("service:"):
             assert mode.removeprefix("service:") in names
+
+
+def test_no_metrics_relay_sidecars() -> None:
+    for name, svc in services().items():
+        assert not str(svc.get("image", "")).startswith("alpine/socat"), name
+        assert not str(svc.get("network_mode", "")).startswith("service:coordinator"), name
 
 
 def test_every_service_role_is_present() -> None:

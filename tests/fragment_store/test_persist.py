@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import random
 
@@ -24,7 +25,7 @@ from fragment_store import (
     read_manifest,
     write_manifest,
 )
-from quire.protocol import Codec, Fragment, ValidationError
+from quire.protocol import Codec, Fragment, LabelSet, ValidationError
 
 J = "logs/clicks"
 
@@ -174,3 +175,17 @@ def test_manifest_round_trip(store: FragmentStore) -> None:
     store.put(manifest_key(J), b"{broken")
     with pytest.raises(ValidationError):
         read_manifest(store, J)
+
+
+def test_manifest_labels_and_manifests_written_before_them(store: FragmentStore) -> None:
+    data = content(20)
+    frag = persist_fragment(store, make(data), data)
+    labels = LabelSet.of({"app": "clicks", "tier": "gold"})
+    written = write_manifest(store, J, [frag], now=1.0, labels=labels)
+    assert read_manifest(store, J) == written and written.labels == labels
+    # A manifest from before labels existed (no "labels" field) still reads: no labels.
+    old = json.loads(store.read_all(manifest_key(J)))
+    del old["labels"]
+    store.put(manifest_key(J), json.dumps(old).encode())
+    got = read_manifest(store, J)
+    assert got.labels == LabelSet() and got.fragments == (frag,)

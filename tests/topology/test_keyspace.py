@@ -124,6 +124,23 @@ async def test_membership_waits_for_a_previous_incarnation(client: aetcd.Client,
         assert raw.lease == m.lease_id
 
 
+async def test_membership_keeps_its_lease_alive_while_waiting(client: aetcd.Client,
+                                                              etcd_root: str) -> None:
+    """A restart within the old member's TTL: the wait for the old key (about 4 s) is
+    longer than the new lease's own TTL (1 s), so the new lease must be kept alive
+    while waiting, or the put fails with "requested lease not found"."""
+    spec = BrokerSpec(id=B)
+    old = await client.lease(4)
+    await client.put(member_key(etcd_root, B).encode(), msgspec.json.encode(spec), lease=old)
+    async with KeySpace(client, etcd_root) as ks:
+        async with Membership(client, etcd_root, spec, ttl=1, wait_absent=10) as m:
+            raw = await client.get(member_key(etcd_root, B).encode())
+            assert raw.lease == m.lease_id
+            assert not m.lost.is_set()
+            await wait_until(ks, lambda: B in ks.members and ks.members[B].lease == m.lease_id, 5)
+        await wait_until(ks, lambda: B not in ks.members, 5)
+
+
 async def test_resolver_statuses(client: aetcd.Client, etcd_root: str) -> None:
     async with KeySpace(client, etcd_root) as ks:
         res = Resolver(ks, A)

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from fragment_store import CoverSet, open_store, persist_fragment, read_manifest
-from quire.protocol import Fragment
+from quire.protocol import Fragment, LabelSet, parse_selector
 from quire.services import S3Service, Service, wait_for
 
 from .workers_support import delete_key, put_journal, s3_url
@@ -82,6 +82,37 @@ def test_refresh_publishes_covering_set_and_manifest(
     assert float(redis_db.client.hget("quire:index-refreshed", j)) > time.time() - 60
     manifest = read_manifest(store, j)
     assert manifest.fragments == tuple(cover) and manifest.end_offset == 150
+
+
+def test_manifest_carries_the_spec_labels(
+        start_worker, client, etcd, etcd_root, file_store, redis_db, updates) -> None:
+    """Batch readers select journals by label from the store alone (spark/catalog.py)."""
+    from spark.catalog import store_journals
+
+    j, other = "acme/labelled", "acme/unlabelled"
+    store = open_store(file_store)
+    put_fragment(store, j, 0, b"l" * 30)
+    put_fragment(store, other, 0, b"u" * 30)
+    labels = LabelSet.of({"app": "clicks", "region": ["eu", "us"]})
+    put_journal(etcd, etcd_root, j, stores=(file_store,), labels=labels)
+    put_journal(etcd, etcd_root, other, stores=(file_store,))
+    start_worker(queues=("index",))
+    for name in (j, other):
+        client.send_task("workers.index.refresh_journal", args=[name], queue="index")
+    wait_for(lambda: updates.count(j) >= 1 and updates.count(other) >= 1, timeout=30,
+             what="both indexes")
+    assert read_manifest(store, j).labels == labels
+    assert read_manifest(store, other).labels == LabelSet()
+    found = store_journals(store, parse_selector("app=clicks"))
+    assert found[j] == labels and found[other] == LabelSet()
+    assert [n for n, ls in found.items() if parse_selector("app=clicks").matches(ls)] == [j]
+
+    # Same covering set, new labels: the manifest is rewritten for them.
+    relabelled = LabelSet.of({"app": "views"})
+    put_journal(etcd, etcd_root, j, stores=(file_store,), labels=relabelled)
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    wait_for(lambda: updates.count(j) >= 2, timeout=30, what="a second index update")
+    assert read_manifest(store, j).labels == relabelled
 
 
 def test_refresh_of_a_deleted_journal_removes_its_index(

@@ -10,7 +10,7 @@ from typing import Any
 import aetcd
 import msgspec
 
-from quire.protocol import FragmentSpec, JournalSpec
+from quire.protocol import FragmentSpec, JournalSpec, LabelSet
 from quire.services import EtcdService, S3Service
 from quire.services.isolation import Bucket
 
@@ -75,10 +75,10 @@ def delete_key(etcd: EtcdService, key: str) -> None:
 
 
 def put_journal(etcd: EtcdService, root: str, name: str, *, stores: tuple[str, ...] = (),
-                codec: str = "gzip", refresh: float = 60.0,
+                codec: str = "gzip", refresh: float = 60.0, labels: LabelSet = LabelSet(),
                 endpoints: tuple[str, ...] = ()) -> JournalSpec:
     """A journal spec, plus members and assignments so `endpoints` serve it (first = primary)."""
-    spec = JournalSpec(name=name, replication=max(1, len(endpoints) or 1),
+    spec = JournalSpec(name=name, replication=max(1, len(endpoints) or 1), labels=labels,
                        fragment=FragmentSpec(length=1 << 20, compression_codec=codec,
                                              stores=stores, refresh_interval=refresh))
     spec.validate()
@@ -94,7 +94,7 @@ def put_journal(etcd: EtcdService, root: str, name: str, *, stores: tuple[str, .
 
 def coordinator(name: str, *, etcd: EtcdService, root: str, redis_url: str | None,
                 spool_dir: str, port: int, metrics_port: int = 0,
-                env: dict[str, str] | None = None) -> Any:
+                env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> Any:
     """A `python -m coordinator.main` process (not started), ready once it accepts TCP."""
     import socket
     import sys
@@ -108,6 +108,7 @@ def coordinator(name: str, *, etcd: EtcdService, root: str, redis_url: str | Non
         argv += ["--redis", redis_url]
     if metrics_port:
         argv += ["--metrics-port", str(metrics_port)]
+    argv += list(extra)
 
     def probe() -> bool:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
