@@ -91,7 +91,7 @@ class Hosting:
             async with KeySpace(self.client, cfg.root) as ks:
                 self.keyspace = ks
                 self.resolver = Resolver(ks, self.server.me)
-                spec = BrokerSpec(id=self.server.me, endpoint=cfg.listen, journal_limit=cfg.journal_limit)
+                spec = BrokerSpec(id=self.server.me, endpoint=cfg.endpoint, journal_limit=cfg.journal_limit)
                 async with Membership(self.client, cfg.root, spec, cfg.lease_ttl,
                                       wait_absent=cfg.lease_ttl + 5) as member:
                     self.membership = member

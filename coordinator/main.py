@@ -11,7 +11,8 @@ import typer
 def command(
     zone: Optional[str] = typer.Option(None, "--zone", help="Failure zone of this member."),
     id: Optional[str] = typer.Option(None, "--id", help="Member suffix (unique within the zone)."),
-    listen: Optional[str] = typer.Option(None, "--listen", help="host:port to serve on (also the advertised endpoint)."),
+    listen: Optional[str] = typer.Option(None, "--listen", help="host:port to serve on (also the advertised endpoint unless --advertise)."),
+    advertise: Optional[str] = typer.Option(None, "--advertise", help="host:port announced in etcd for peers and clients (e.g. a proxy in front of --listen)."),
     etcd: Optional[str] = typer.Option(None, "--etcd", help="etcd URL, e.g. http://127.0.0.1:2379."),
     root: Optional[str] = typer.Option(None, "--root", help="etcd key prefix (default /quire)."),
     spool_dir: Optional[str] = typer.Option(None, "--spool-dir", help="Directory for spool files."),
@@ -45,7 +46,8 @@ def command(
                        journal_limit=s.journal_limit,
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
-                       drain_timeout=drain_timeout, run_allocator=not no_allocator)
+                       drain_timeout=drain_timeout, run_allocator=not no_allocator,
+                       advertise=_checked_endpoint(advertise))
     persister = None
     if redis:
         persister = _celery_persister(redis)
@@ -80,7 +82,7 @@ def _celery_persister(redis_url: str):  # noqa: ANN202
         if server is None or server.keyspace is None:
             return []
         res = server.topology.resolver.resolve_now(fragment.journal)
-        me = server.cfg.listen
+        me = server.cfg.endpoint
         return [me] + [e for e in res.route.endpoints if e and e != me]
 
     def store_for(journal):  # noqa: ANN001, ANN202
@@ -100,6 +102,16 @@ def _celery_persister(redis_url: str):  # noqa: ANN202
 command.__doc__ = "Run a coordinator (journal broker) process."
 
 
+def _checked_endpoint(value: Optional[str]) -> Optional[str]:
+    """`host:port` or None; anything else is a usage error naming the flag."""
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise typer.BadParameter(f"expected host:port, got {value!r}", param_hint="--advertise")
+    return value
+
+
 def main() -> None:
     typer.run(command)
 
@@ -107,3 +119,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()
+

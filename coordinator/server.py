@@ -74,6 +74,13 @@ class ServerConfig:
     """On SIGTERM, the bound of the whole drain (drain.py)."""
     pulse_interval: float = 60.0
     run_allocator: bool = True
+    advertise: str | None = None
+    """host:port peers and clients are told to use (e.g. a proxy in front of us);
+    defaults to `listen`."""
+
+    @property
+    def endpoint(self) -> str:
+        return self.advertise or self.listen
 
 
 def _dump_tasks() -> None:
