@@ -15,30 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
+from bench.common import coordinator_argv, hello, hello_when_up, stop_processes, write_json
 from quire.protocol import (
     AppendChunk, AppendCommit, AppendRequest, AppendResponse, ApplyChange, ApplyRequest,
-    ApplyResponse, Codec, FragmentSpec, Hello, HelloAck, JournalSpec, ListRequest, ListResponse, Status,
+    ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse, Status,
 )
 from quire.protocol.stream import FrameStream
 from quire.services import EtcdService, free_port
 
 JOURNAL = "bench/append"
-
-
-async def _conn(endpoint: str) -> FrameStream:
-    s = await FrameStream.connect(endpoint)
-    await s.send(Hello())
-    await s.read_message(HelloAck)
-    return s
 
 
 async def _append(s: FrameStream, data: bytes) -> AppendResponse:
@@ -69,7 +60,7 @@ def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
 
 async def _load(endpoint: str, size: int, conns: int, seconds: float) -> tuple[int, float]:
     data = os.urandom(size)
-    streams = [await _conn(endpoint) for _ in range(conns)]
+    streams = [await hello(endpoint) for _ in range(conns)]
     count = 0
     stop = time.monotonic() + seconds
 
@@ -92,15 +83,7 @@ async def _load(endpoint: str, size: int, conns: int, seconds: float) -> tuple[i
 
 
 async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) -> dict:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            s = await _conn(endpoints[0])
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)  # coordinators starting
+    s = await hello_when_up(endpoints[0])
     spec = JournalSpec(name=JOURNAL, replication=3,
                        fragment=FragmentSpec(length=1 << 28, compression_codec=Codec.NONE))
     await s.send(ApplyRequest(changes=(ApplyChange(upsert=spec, expect_mod_revision=-1),)))
@@ -114,7 +97,7 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
             pass
         await s.close()
         await asyncio.sleep(0.1)
-        s = await _conn(endpoints[0])
+        s = await hello(endpoints[0])
     await s.send(ListRequest())
     listing, _ = await s.read_message(ListResponse)
     await s.close()
@@ -166,20 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                 endpoints.append(f"127.0.0.1:{port}")
                 log = open(os.path.join(work, f"node-{i}.log"), "wb")
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "coordinator.main", "--zone", f"z{i % 2}", "--id", f"node-{i}",
-                     "--listen", endpoints[-1], "--etcd", etcd.url, "--root", "/quire-bench",
-                     "--spool-dir", os.path.join(work, f"spool-{i}"), "--log-level", "WARNING",
-                     "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT))
+                    coordinator_argv(zone=f"z{i % 2}", suffix=f"node-{i}", listen=endpoints[-1],
+                                     etcd_url=etcd.url, root="/quire-bench",
+                                     spool_dir=os.path.join(work, f"spool-{i}")),
+                    stdout=log, stderr=subprocess.STDOUT))
             coro = _run(args, endpoints, [p.pid for p in procs])
             result = _uvloop_run(coro) if args.uvloop_client else asyncio.run(coro)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         shutil.rmtree(work, ignore_errors=True)
     if "large" in result:
         r = result["large"]
@@ -189,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         r = result["small"]
         print(f"1 KiB appends, R=3, 64 in flight:    {r['appends_s']} appends/s   "
               f"(CPU µs/append {r['cpu_us_per_append']}, load {r['load_avg_1m']:.1f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return 0
 
 

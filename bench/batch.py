@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import statistics
@@ -28,6 +27,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench.common import write_json
 from quire.protocol import Codec, Fragment
 
 CODECS = ("none", "gzip", "zstd", "snappy")
@@ -223,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spark_mb_s", "spark_ratio"):
         if key in result:
             print(f"{key:>12}: {result[key]:.2f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    write_json(args.json, result)
     return 0
 
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
+from bench.common import coordinator_argv, hello_when_up, stop_processes, write_json
 from quire.protocol import (
-    ApplyChange, ApplyRequest, ApplyResponse, Codec, FragmentSpec, Hello, HelloAck, JournalSpec,
+    ApplyChange, ApplyRequest, ApplyResponse, Codec, FragmentSpec, JournalSpec,
     ListRequest, ListResponse, Status,
 )
 from quire.protocol.stream import FrameStream
@@ -45,20 +43,6 @@ def _proc_stats(pid: int) -> dict[str, float]:
     return out
 
 
-async def _conn(endpoint: str, timeout: float = 30.0) -> FrameStream:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            s = await FrameStream.connect(endpoint)
-            await s.send(Hello())
-            await s.read_message(HelloAck)
-            return s
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)  # the coordinator is starting
-
-
 async def _routed(s: FrameStream, names: set[str], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,7 +55,7 @@ async def _routed(s: FrameStream, names: set[str], timeout: float) -> bool:
 
 
 async def _run(endpoint: str, pid: int, steps: list[int], settle: float) -> dict:
-    s = await _conn(endpoint)
+    s = await hello_when_up(endpoint)
     await asyncio.sleep(settle)
     out: dict = {"benchmark": "idle_journals", "steps": []}
     baseline = _proc_stats(pid)
@@ -120,27 +104,19 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = f"127.0.0.1:{free_port()}"
             with open(os.path.join(work, "node.log"), "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "coordinator.main", "--zone", "z0", "--id", "node-0",
-                     "--listen", endpoint, "--etcd", etcd.url, "--root", "/quire-bench-idle",
-                     "--spool-dir", os.path.join(work, "spool"), "--log-level", "WARNING",
-                     "--log-format", "json", "--journal-limit", str(max(steps) + 24)],
+                    coordinator_argv(zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
+                                     root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
+                                     extra=("--journal-limit", str(max(steps) + 24))),
                     stdout=log, stderr=subprocess.STDOUT)
             result = asyncio.run(_run(endpoint, proc.pid, steps, args.settle))
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes([proc] if proc is not None else [])
         shutil.rmtree(work, ignore_errors=True)
     for st in result["steps"]:
         print(f"{st['journals']:>5} idle journals: RSS {st['rss_mb']} MB "
               f"(+{st['rss_over_1_journal_mb']} MB over 1 journal), {st['fds']} fds, "
               f"{st['threads']} threads, placed in {st['placed_s']} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return 0
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+from bench.common import write_json
 from coordinator.spool import DiskFiles, Spool
 from quire.protocol import Codec, Fragment, ReplicateContent
 
@@ -106,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
            "ratio_to_sha1": results[-1]["ratio_to_sha1"]}
     if args.json == "-":
         json.dump(out, sys.stdout, indent=2)
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    else:
+        write_json(args.json, out)
     return 0
 
 

@@ -11,8 +11,9 @@ while the keyspace revision has not moved.
 
 The pipeline states (ACQUIRE_PIPELINE .. UPDATE_ASSIGNMENTS, which do real work only
 after a route change) are a mixin in append_sync.py; here are the states every append
-walks, and suspension (the digest's UpdateSuspend is an action of RESOLVE and
-VALIDATE_PRECONDITIONS, not a state of its own: coordinator/suspend.py).
+walks. Suspension (the digest's UpdateSuspend is an action of RESOLVE and
+VALIDATE_PRECONDITIONS, not a state of its own) is the `SuspendStates` mixin in
+coordinator/suspend.py, beside the etcd write it makes.
 
 Ownership (seed, "Components"): ACQUIRE_PIPELINE takes `replica.pipeline_lock` (the
 send side); START_PIPELINE builds a pipeline, which takes `replica.spool_lock` for its
@@ -35,7 +36,7 @@ import time
 from typing import Any, Protocol
 
 from quire.logs import get_logger
-from quire.protocol import AppendRequest, Fragment, LabelSet, Status, Suspend, SuspendLevel
+from quire.protocol import AppendRequest, Fragment, LabelSet, Status, Suspend
 from quire.protocol.errors import QuireError
 
 from . import metrics
@@ -48,7 +49,6 @@ from .append_rules import (
     decide_broken,
     decide_replicas,
     decide_resolve,
-    decide_suspended,
     edits_registers,
     next_registers,
     validate_preconditions,
@@ -56,14 +56,13 @@ from .append_rules import (
 from .append_sync import LOCK_TIMEOUT, PipelineSyncStates
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
+from .suspend import RESUME_TIMEOUT, SuspendStates  # noqa: F401 - RESUME_TIMEOUT: kept importable here
 
 __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"]
 
 log = get_logger(__name__)
 
 MAX_RESOLVES = 30
-RESUME_TIMEOUT = 30.0
-"""How long a resumed append waits for the allocator to give the journal its replicas."""
 
 
 class AppendAborted(QuireError):
@@ -95,7 +94,7 @@ class Broker(Protocol):
     async def update_suspend(self, journal: str, suspend: Suspend) -> int: ...
 
 
-class AppendFSM(PipelineSyncStates):
+class AppendFSM(SuspendStates, PipelineSyncStates):
     def __init__(self, broker: Broker, req: AppendRequest, source: ContentSource) -> None:
         self.broker = broker
         self.req = req
@@ -198,44 +197,6 @@ class AppendFSM(PipelineSyncStates):
             self.replica = replica = self.broker.replica(self.req.journal)
             replica.resolution = res
         self._go(d)
-
-    async def _resolve_unassigned(self, res: Any) -> bool:
-        """A journal without replicas: FULL-suspended (resume it first, or refuse), or one
-        we just resumed that the allocator has not re-assigned yet (wait, bounded)."""
-        d = decide_suspended(res.spec.suspend.level, self.req.suspend, res.spec.suspend.offset)
-        if d is not None and d.state is State.ERROR:
-            self._go(d)
-            return True
-        if d is not None:
-            self._suspend = d.suspend
-            await self._update_suspend()
-            return True
-        remaining = self._resumed_until - time.monotonic()
-        if remaining > 0:
-            await self.broker.keyspace.wait_changed(res.header.etcd.revision, remaining)
-            self._resolves -= 1  # waiting for the allocator is not a failed resolution
-            return True
-        return False
-
-    async def _update_suspend(self) -> None:
-        """Write the decided suspension into the spec, then resolve at that revision."""
-        suspend, self._suspend = self._suspend, None
-        assert suspend is not None
-        await self._release_pipeline()  # the route is about to change: let pulses run
-        try:
-            rev = await self.broker.update_suspend(self.req.journal, suspend)
-        except QuireError as exc:
-            # The spec or route moved since we resolved: decide again on the new one.
-            self._log.info("updating the suspension failed; re-resolving", error=str(exc))
-            rev = self.broker.keyspace.revision + 1
-        else:
-            self._log.info("journal suspension updated", level=suspend.level.value,
-                           offset=suspend.offset, revision=rev)
-            if suspend.level == SuspendLevel.NONE:
-                self._resumed_until = time.monotonic() + RESUME_TIMEOUT
-        self.read_through = max(self.read_through, rev)
-        if self.state is not State.RESOLVE:
-            self._go(State.RESOLVE)
 
     # -- synchronous common cases (each returns False to defer to its handler) -----------
 

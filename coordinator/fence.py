@@ -59,15 +59,8 @@ class StreamFence:
         self._checked = revision
 
     def valid(self) -> bool:
-        ks = self._resolver.keyspace
-        changed = ks.changed_revision
-        if changed <= self._checked:
-            return True
-        now = self._resolver.resolve_now(self.journal)
-        if not now.route.equivalent(self.route):
-            return False
-        self._checked = changed
-        return True
+        changed = self._resolver.keyspace.changed_revision
+        return changed <= self._checked or _recheck(self, changed, primary=False)
 
 
 class PrimaryFence:
@@ -82,15 +75,18 @@ class PrimaryFence:
         self._checked = revision
 
     def __call__(self) -> bool:
-        ks = self._resolver.keyspace
-        changed = ks.changed_revision
-        if changed <= self._checked:
-            return True
-        now = self._resolver.resolve_now(self.journal)
-        if not (now.is_primary and now.route.equivalent(self.route)):
-            return False
-        self._checked = changed
-        return True
+        changed = self._resolver.keyspace.changed_revision
+        return changed <= self._checked or _recheck(self, changed, primary=True)
+
+
+def _recheck(fence: StreamFence | PrimaryFence, changed: int, *, primary: bool) -> bool:
+    """The keyspace changed since the fence's last check: re-resolve and compare the
+    route (and, for the primary's fence, that we still are its primary)."""
+    now = fence._resolver.resolve_now(fence.journal)
+    if not ((not primary or now.is_primary) and now.route.equivalent(fence.route)):
+        return False
+    fence._checked = changed
+    return True
 
 
 def abort_superseded(replicas: dict, resolver: Any) -> int:  # noqa: ANN001

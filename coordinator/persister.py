@@ -323,12 +323,7 @@ class CeleryPersister:
         except BaseException:
             # A pooled connection to a Redis that went away stays broken; start
             # from a fresh client next time rather than trusting the pool.
-            if self._owns_app and self._app is not None:
-                app, self._app = self._app, None
-                try:
-                    app.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            self._drop_app()
             raise
 
     def _on_send_failure(self, exc: BaseException) -> None:
@@ -342,6 +337,10 @@ class CeleryPersister:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._drop_app()
+
+    def _drop_app(self) -> None:
+        """Close the Celery client we made (never one we were given)."""
         if self._owns_app and self._app is not None:
             app, self._app = self._app, None
             try:

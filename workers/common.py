@@ -17,8 +17,9 @@ import redis
 
 from quire.config import Settings
 from workers.config import WorkerSettings
+from workers.topology import Topology, read_topology_sync
 
-__all__ = ["redis_client", "settings", "store", "sweep_lock", "worker_settings"]
+__all__ = ["redis_client", "settings", "store", "sweep_lock", "sweep_topology", "worker_settings"]
 
 _lock = threading.Lock()
 _redis: tuple[int, redis.Redis] | None = None
@@ -88,3 +89,14 @@ def sweep_lock(name: str, ttl: float) -> Iterator[bool]:
             # Release only our own lock (it may have expired and been retaken).
             client.eval("if redis.call('get', KEYS[1]) == ARGV[1] then "
                         "return redis.call('del', KEYS[1]) else return 0 end", 1, key, token)
+
+
+@contextmanager
+def sweep_topology(name: str, interval: float) -> Iterator[Topology | None]:
+    """What every beat sweep starts with: hold the `name` sweep lock (ttl: the sweep's
+    `interval`, at least 5 s) and read the whole topology from etcd once. Yields None
+    when another sweep holds the lock (the caller skips its run)."""
+    ws = worker_settings()
+    s = settings()
+    with sweep_lock(name, ttl=max(5.0, interval)) as held:
+        yield read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout) if held else None

@@ -122,12 +122,10 @@ def refresh_journal(self: Any, journal: str) -> dict[str, Any]:
           retry_jitter=True, max_retries=2)
 def sweep(self: Any) -> int:
     ws = common.worker_settings()
-    s = common.settings()
-    with common.sweep_lock("index", ttl=max(5.0, ws.index_sweep_interval)) as held:
-        if not held:
+    with common.sweep_topology("index", ws.index_sweep_interval) as topo:
+        if topo is None:
             log.info("another index sweep is running; skipping")
             return 0
-        topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
         r = common.redis_client()
         refreshed = {k.decode(): float(v) for k, v in r.hgetall(REFRESHED_KEY).items()}
         enqueued = {k.decode(): float(v) for k, v in r.hgetall(ENQUEUED_KEY).items()}

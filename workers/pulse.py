@@ -25,7 +25,7 @@ from quire.protocol.errors import StatusError
 from workers import common
 from workers.app import app
 from workers.errors import RETRIABLE, JournalUnknown, PulseFailed
-from workers.topology import read_journal, read_topology_sync
+from workers.topology import read_journal
 
 __all__ = ["pulse_journal", "sweep"]
 
@@ -78,12 +78,10 @@ def pulse_journal(self: Any, journal: str) -> dict[str, Any]:
           retry_jitter=True, max_retries=2)
 def sweep(self: Any) -> int:
     ws = common.worker_settings()
-    s = common.settings()
-    with common.sweep_lock("pulse", ttl=max(5.0, ws.pulse_interval)) as held:
-        if not held:
+    with common.sweep_topology("pulse", ws.pulse_interval) as topo:
+        if topo is None:
             log.info("another pulse sweep is running; skipping")
             return 0
-        topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
         names = [name for name, jt in sorted(topo.journals.items())
                  if jt.spec.suspend.level != SuspendLevel.FULL]
         for name in names:

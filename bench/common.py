@@ -1,0 +1,69 @@
+"""What the benchmark scripts share: coordinator processes, the handshake, JSON output.
+
+Coordinators run as `python -m coordinator.main` subprocesses: bench is a top-level
+tool and never imports the roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from quire.protocol import Hello, HelloAck
+from quire.protocol.stream import FrameStream
+
+__all__ = ["coordinator_argv", "hello", "hello_when_up", "stop_processes", "write_json"]
+
+
+def coordinator_argv(*, zone: str, suffix: str, listen: str, etcd_url: str, root: str,
+                     spool_dir: str, extra: Iterable[str] = ()) -> list[str]:
+    """The command line of one bench coordinator (WARNING-level JSON logs)."""
+    return [sys.executable, "-m", "coordinator.main", "--zone", zone, "--id", suffix,
+            "--listen", listen, "--etcd", etcd_url, "--root", root,
+            "--spool-dir", spool_dir, "--log-level", "WARNING",
+            "--log-format", "json", *extra]
+
+
+def stop_processes(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGTERM every process, then wait up to 15 s for each (SIGKILL if it lingers)."""
+    procs = list(procs)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+async def hello(endpoint: str) -> FrameStream:
+    """A connection to `endpoint` past the Hello / HelloAck handshake."""
+    s = await FrameStream.connect(endpoint)
+    await s.send(Hello())
+    await s.read_message(HelloAck)
+    return s
+
+
+async def hello_when_up(endpoint: str, timeout: float = 30.0) -> FrameStream:
+    """`hello(endpoint)`, retried while the coordinator is still starting (OSError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await hello(endpoint)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # the coordinator is starting
+
+
+def write_json(path: str | None, result: Any) -> None:
+    """Write `result` to `path` (indented JSON); nothing when no path was asked for."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
