@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from quire.protocol import AppendChunk, AppendRequest, AppendResponse, Status
+from quire.protocol import AppendChunk, AppendRequest, AppendResponse, ProtocolError, Status
 from quire.protocol.stream import FrameStream
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
@@ -113,15 +113,34 @@ async def _check(c: Cluster, journals: list[str], acked: list, nodes=None) -> No
         head = mine[-1][1]
         contents = {}
         for n in nodes:
-            conn = await Conn.open(n.endpoint)
-            data, metas = await conn.read(j, mine[0][0], end_offset=head, block=True)
-            await conn.close()
-            contents[n.suffix] = data
+            contents[n.suffix] = await _read_retrying(n.endpoint, j, mine[0][0], head)
         base = mine[0][0]
         for n_suffix, data in contents.items():
             for b, e, d in mine:
                 assert data[b - base:e - base] == d, (j, n_suffix, b, e)
         assert len(set(contents.values())) == 1, f"replicas of {j} differ"
+
+
+async def _read_retrying(endpoint: str, journal: str, begin: int, end: int,
+                         timeout: float = 30.0) -> bytes:
+    """Read [begin, end) from one node, retrying as a client would while routes settle.
+
+    Right after a kill a node may still proxy to the dead primary and drop the
+    connection; that is a transient routing state, not lost data.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = await Conn.open(endpoint)
+            try:
+                data, _ = await conn.read(journal, begin, end_offset=end, block=True)
+            finally:
+                await conn.close()
+            return data
+        except (OSError, ProtocolError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # back off before asking again
 
 
 async def test_concurrent_writers_r3(cluster3: Cluster) -> None:
