@@ -64,3 +64,11 @@ class PulseFailed(WorkerError):
 RETRIABLE: tuple[type[BaseException], ...] = (
     TopologyUnavailable, ReplicaUnavailable, ContentMismatch, PulseFailed, OSError, TimeoutError,
 )
+
+
+MAINTENANCE_RETRY: dict[str, object] = {
+    "autoretry_for": RETRIABLE, "retry_backoff": True, "retry_backoff_max": 30,
+    "retry_jitter": True, "max_retries": 2,
+}
+"""Retry policy of the short maintenance tasks (sweeps, pulses): a few quick retries with
+jittered backoff, since the next beat tick re-runs them anyway."""

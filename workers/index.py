@@ -39,7 +39,7 @@ from quire.logs import bind, get_logger
 from quire.protocol import Fragment, LabelSet
 from workers import common, metrics
 from workers.app import app
-from workers.errors import RETRIABLE
+from workers.errors import MAINTENANCE_RETRY, RETRIABLE
 from workers.topology import read_topology_sync
 
 __all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY",
@@ -118,8 +118,7 @@ def refresh_journal(self: Any, journal: str) -> dict[str, Any]:
 
 
 @app.task(name="workers.index.sweep", bind=True, ignore_result=True,
-          autoretry_for=RETRIABLE, retry_backoff=True, retry_backoff_max=30,
-          retry_jitter=True, max_retries=2)
+          **MAINTENANCE_RETRY)
 def sweep(self: Any) -> int:
     ws = common.worker_settings()
     with common.sweep_topology("index", ws.index_sweep_interval) as topo:

@@ -24,7 +24,7 @@ from quire.protocol import Status, SuspendLevel
 from quire.protocol.errors import StatusError
 from workers import common
 from workers.app import app
-from workers.errors import RETRIABLE, JournalUnknown, PulseFailed
+from workers.errors import MAINTENANCE_RETRY, JournalUnknown, PulseFailed
 from workers.topology import read_journal
 
 __all__ = ["pulse_journal", "sweep"]
@@ -60,8 +60,7 @@ async def _pulse(journal: str) -> dict[str, Any]:
 
 
 @app.task(name="workers.pulse.pulse_journal", bind=True, ignore_result=True,
-          autoretry_for=RETRIABLE, retry_backoff=True, retry_backoff_max=30,
-          retry_jitter=True, max_retries=2)
+          **MAINTENANCE_RETRY)
 def pulse_journal(self: Any, journal: str) -> dict[str, Any]:
     with bind(journal=journal, task_id=self.request.id):
         try:
@@ -74,8 +73,7 @@ def pulse_journal(self: Any, journal: str) -> dict[str, Any]:
 
 
 @app.task(name="workers.pulse.sweep", bind=True, ignore_result=True,
-          autoretry_for=RETRIABLE, retry_backoff=True, retry_backoff_max=30,
-          retry_jitter=True, max_retries=2)
+          **MAINTENANCE_RETRY)
 def sweep(self: Any) -> int:
     ws = common.worker_settings()
     with common.sweep_topology("pulse", ws.pulse_interval) as topo:
