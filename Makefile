@@ -18,7 +18,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test run bench clean distclean
+.PHONY: install system-deps test run bench layers clean distclean
 
 install: system-deps $(STAMP)
 
@@ -52,6 +52,10 @@ run: install
 
 bench: install
 	$(VENV)/bin/quire bench --quick
+
+# The import graph of the tree: checks the layers and redraws the picture in the docs.
+layers: install
+	$(PY) -m tools.layers --write docs/architecture.md
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis

@@ -1,1 +1,4 @@
-"""Benchmarks that print ratios against peers measured in the same run."""
+"""Benchmarks that print ratios against peers measured in the same run (layer 5, a tool).
+
+May import every layer below; runs the roles as subprocesses.
+"""

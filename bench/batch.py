@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from bench.common import write_json
-from quire.protocol import Codec, Fragment
+from protocol import Codec, Fragment
 
 CODECS = ("none", "gzip", "zstd", "snappy")
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         s3svc = None
         options: dict[str, str] = {}
         if args.s3:
-            from quire.services import S3Service
+            from tools.services import S3Service
 
             s3svc = S3Service("bench-s3").__enter__()
             s3svc.create_bucket("bench-batch")

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from quire.protocol import Hello, HelloAck
-from quire.protocol.stream import FrameStream
+from protocol import Hello, HelloAck
+from protocol.stream import FrameStream
 
 __all__ = ["coordinator_argv", "hello", "hello_when_up", "stop_processes", "write_json"]
 

@@ -20,12 +20,12 @@ import tempfile
 import time
 
 from bench.common import coordinator_argv, hello_when_up, stop_processes, write_json
-from quire.protocol import (
+from protocol import (
     ApplyChange, ApplyRequest, ApplyResponse, Codec, FragmentSpec, JournalSpec,
     ListRequest, ListResponse, Status,
 )
-from quire.protocol.stream import FrameStream
-from quire.services import EtcdService, free_port
+from protocol.stream import FrameStream
+from tools.services import EtcdService, free_port
 
 BATCH = 100
 

@@ -27,8 +27,8 @@ from rich.table import Table
 
 from chaos.cluster import LocalCluster
 from quire.client import Client
-from quire.logs import configure_logging
-from quire.protocol import Codec, FragmentSpec, JournalSpec
+from protocol.logs import configure_logging
+from protocol import Codec, FragmentSpec, JournalSpec
 
 from .limits import measure_limits
 from .matrix import append_case, message_rate

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from quire.services import Service, ServiceError, free_port
+from tools.services import Service, ServiceError, free_port
 
 __all__ = ["BenchRedis", "xadd_sync", "xadd_pipelined", "xadd_concurrent", "measure_redis"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from chaos.cluster import LocalCluster
 from quire.client import Client
-from quire.protocol import FragmentSpec, JournalSpec, LabelSet
+from protocol import FragmentSpec, JournalSpec, LabelSet
 
 __all__ = ["measure_rss"]
 

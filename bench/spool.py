@@ -23,7 +23,7 @@ import time
 
 from bench.common import write_json
 from coordinator.spool import DiskFiles, Spool
-from quire.protocol import Codec, Fragment, ReplicateContent
+from protocol import Codec, Fragment, ReplicateContent
 
 FRAGMENT_LENGTH = 1 << 26
 """64 MiB: several rolls per measurement, as a live journal has."""

@@ -10,7 +10,7 @@
     runner.py     one run, start to finish
     main.py       the `quire chaos` command
 
-Layer 4 (like the roles): imports `quire.protocol`, `quire.client`, `fragment_store`
-and `quire.services`, never `coordinator`/`workers`/`spark`, which it drives as
+Layer 5 (a tool): imports `protocol`, `fragment_store`, `quire.client` and
+`tools.services`, never `coordinator`/`workers`/`spark`, which it drives as
 subprocesses. `bench` reuses `chaos.cluster` to start its cluster.
 """

@@ -1,6 +1,6 @@
 """A local quire cluster of real processes, for `quire chaos` and `quire bench`.
 
-etcd, optionally redis-server, the S3 server and a Celery worker (quire.services), and N
+etcd, optionally redis-server, the S3 server and a Celery worker (tools.services), and N
 coordinator subprocesses (`python -m coordinator.main ...`, never imported: chaos is a
 layer-4 package and drives roles as processes). Each coordinator is a `Service`, so the
 runner can `kill()` (SIGKILL), `start()` it again on the same port and spool dir,
@@ -25,9 +25,9 @@ from typing import Any
 
 import structlog
 
-from quire.protocol import Hello, HelloAck
-from quire.protocol.wire import PREFIX_SIZE, check_prefix, decode_header, encode_frame_bytes
-from quire.services import (
+from protocol import Hello, HelloAck
+from protocol.wire import PREFIX_SIZE, check_prefix, decode_header, encode_frame_bytes
+from tools.services import (
     CeleryWorkerService,
     EtcdService,
     RedisService,

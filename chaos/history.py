@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from quire.protocol import Status
+from protocol import Status
 
 __all__ = ["Record", "make_record", "parse_records", "Op", "FaultRecord", "History",
            "DEFINITE_STATUSES"]

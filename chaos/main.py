@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from quire.logs import configure_logging
-from quire.services import ServiceError
+from protocol.logs import configure_logging
+from tools.services import ServiceError
 
 from .checker import SAFETY_KEYS, Report
 from .runner import ChaosConfig, default_history_path, run_chaos

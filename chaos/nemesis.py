@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from quire.services import Service, ServiceError
+from tools.services import Service, ServiceError
 
 from .cluster import CoordinatorService, LocalCluster
 from .history import FaultRecord, History

@@ -21,9 +21,9 @@ from fragment_store import codecs
 from fragment_store.keys import parse_key
 from fragment_store.stores import open_store
 from quire.client import Client
-from quire.protocol import Hello, HelloAck, ReadContent, ReadRequest, ReadResponse, Status
-from quire.protocol.errors import ProtocolError
-from quire.protocol.stream import FrameStream
+from protocol import Hello, HelloAck, ReadContent, ReadRequest, ReadResponse, Status
+from protocol.errors import ProtocolError
+from protocol.stream import FrameStream
 
 from .checker import JournalReadback, StoredFragment
 

@@ -27,9 +27,9 @@ import structlog
 
 from quire.client import Client
 from quire.client.routes import RouteCache
-from quire.protocol import Codec, FragmentSpec, Header, JournalSpec, StatusError
-from quire.protocol.errors import CommitUnknown, Unavailable
-from quire.services import free_port
+from protocol import Codec, FragmentSpec, Header, JournalSpec, StatusError
+from protocol.errors import CommitUnknown, Unavailable
+from tools.services import free_port
 
 from .checker import Report, check
 from .cluster import LocalCluster, supports_advertise

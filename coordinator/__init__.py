@@ -1,16 +1,18 @@
 """The quire coordinator: the broker server that hosts journal replicas.
 
-Topology (etcd) modules, one concept each:
-
-- `etcd`           connection helper, the key layout, transaction helpers, typed errors
-- `keyspace`       a local mirror of `<root>/` kept current by a watch
+- `server`, `host`, `hosting`, `drain`   connections; what is hosted; the etcd side; exit
+- `append_fsm`, `append_rules`, `append_sync`, `append_api`   the seed's append machine
+- `pipeline`, `replicate_api`, `replica`, `spool`, `spool_files`   replication and spools
+- `read_api`, `persister`, `index_watch`, `recovery`, `fence`, `suspend`, `flow_control`
 - `specs`          Apply / List of journal specs
-- `membership`     a member's lease-bound announcement (`BrokerSpec`)
-- `allocator_plan` pure placement and safe-transition planning
-- `allocator`      leader election and the etcd adapter that applies plans
 - `resolver`       journal -> route / primary / header at a revision
-- `assignments`    routes built from assignments; advertising consistency
-- `topology_member` a runnable member (membership + allocator) for tests
+
+The etcd machinery it shares with the consumers (keyspace, membership, allocator) is
+in `topology/`, one layer down.
+
+Layer 4 (a role): imports protocol, fragment_store, quire and topology only, never
+another role (it enqueues worker tasks by name). The server stacks up without circles:
+host (what is hosted) <- hosting (etcd side), drain <- server (connections).
 
 This package docstring imports nothing on purpose: importing `coordinator` must stay
 cheap and free of side effects for the CLI's entry-point discovery.

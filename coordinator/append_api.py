@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from quire.logs import get_logger
-from quire.protocol import (
+from protocol.logs import get_logger
+from protocol import (
     AppendAbort,
     AppendChunk,
     AppendCommit,
@@ -21,8 +21,8 @@ from quire.protocol import (
     HelloAck,
     Status,
 )
-from quire.protocol.errors import ProtocolError
-from quire.protocol.stream import FrameStream
+from protocol.errors import ProtocolError
+from protocol.stream import FrameStream
 
 from . import metrics
 from .append_fsm import AppendAborted, AppendFSM, Broker, State

@@ -35,9 +35,9 @@ import hashlib
 import time
 from typing import Any, Protocol
 
-from quire.logs import get_logger
-from quire.protocol import AppendRequest, Fragment, LabelSet, Status, Suspend
-from quire.protocol.errors import QuireError
+from protocol.logs import get_logger
+from protocol import AppendRequest, Fragment, LabelSet, Status, Suspend
+from protocol.errors import QuireError
 
 from . import metrics
 from .append_rules import (

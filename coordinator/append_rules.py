@@ -12,7 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quire.protocol import (
+from protocol import (
     AppendRequest,
     Fragment,
     JournalSpec,

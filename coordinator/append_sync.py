@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from quire.protocol import LabelSet, Status
-from quire.protocol.errors import QuireError
+from protocol import LabelSet, Status
+from protocol.errors import QuireError
 
 from .append_rules import Decision, State, decide_acquired, decide_assignments, decide_start, decide_sync
 from .fence import PrimaryFence

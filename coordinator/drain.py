@@ -25,15 +25,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from quire.logs import get_logger
-from quire.protocol import Fragment
+from protocol.logs import get_logger
+from protocol import Fragment
 
 from .pipeline import PipelineBroken
 from .recovery import write_head
 from .replica import Replica, acquire_within
 
 if TYPE_CHECKING:
-    from .server import Server
+    from .host import Host
+    from .hosting import Hosting
 
 __all__ = ["drain", "record_heads"]
 
@@ -43,7 +44,7 @@ PEER_ROLL_GRACE = 2.0
 """How long a replica stays for its primaries' exit rolls (they usually stop with us)."""
 
 
-async def drain(server: Server) -> None:
+async def drain(server: Host, hosting: Hosting) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + server.cfg.drain_timeout
 
@@ -51,18 +52,18 @@ async def drain(server: Server) -> None:
         return max(0.0, deadline - loop.time())
 
     await _appends_finished(server, remaining())
-    led = [r for r in list(server.replicas.values()) if _is_primary(server, r.journal)]
+    led = [r for r in list(server.replicas.values()) if _is_primary(hosting, r.journal)]
     rolled = [f for f in await asyncio.gather(*(_roll(r, remaining()) for r in led)) if f]
     if rolled:
         log.info("rolled led spools for exit", journals=len(rolled),
                  bytes=sum(f.end - f.begin for f in rolled))
-    await server.topology.set_exiting()
+    await hosting.set_exiting()
     await _persisted(server, rolled, {r.journal for r in led}, remaining())
-    await _peer_rolls(server, [r for r in list(server.replicas.values()) if r not in led],
+    await _peer_rolls(hosting, [r for r in list(server.replicas.values()) if r not in led],
                       min(remaining(), PEER_ROLL_GRACE))
 
 
-def record_heads(server: Server) -> None:
+def record_heads(server: Host) -> None:
     """The last step, once no stream can change a spool any more (a peer primary's
     exit roll may have emptied ours meanwhile): the next incarnation's start."""
     for r in list(server.replicas.values()):
@@ -74,12 +75,12 @@ def record_heads(server: Server) -> None:
                 log.warning("cannot record the write head", journal=r.journal, error=repr(exc))
 
 
-def _is_primary(server: Server, journal: str) -> bool:
-    resolver = server.topology.resolver
+def _is_primary(hosting: Hosting, journal: str) -> bool:
+    resolver = hosting.resolver
     return resolver is not None and resolver.resolve_now(journal).is_primary
 
 
-async def _appends_finished(server: Server, timeout: float) -> None:
+async def _appends_finished(server: Host, timeout: float) -> None:
     try:
         async with asyncio.timeout(timeout):
             await server.appends_idle.wait()
@@ -121,19 +122,19 @@ async def _roll(replica: Replica, timeout: float) -> Fragment | None:
     return closed
 
 
-async def _peer_rolls(server: Server, replicas: list[Replica], timeout: float) -> None:
+async def _peer_rolls(hosting: Hosting, replicas: list[Replica], timeout: float) -> None:
     """Stay (briefly) for the exit rolls of primaries that stop with us, as all the
     coordinators of `quire up` do: withdrawing first would break their pipelines, and
     their spools — and ours — would be lost to the restart instead of rolled."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     for r in replicas:
-        while r.spool.content_length and not _is_primary(server, r.journal) \
+        while r.spool.content_length and not _is_primary(hosting, r.journal) \
                 and loop.time() < deadline:
             await r.wait_change(deadline - loop.time())  # woken by the roll (on_closed)
 
 
-async def _persisted(server: Server, rolled: list[Fragment], led: set[str],
+async def _persisted(server: Host, rolled: list[Fragment], led: set[str],
                      timeout: float) -> None:
     persister = server.persister
     wait = getattr(persister, "wait_persisted", None)

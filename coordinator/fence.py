@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quire.protocol import Route
+from protocol import Route
 
 
 class StreamFence:

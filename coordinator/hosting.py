@@ -33,20 +33,20 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from quire.logs import get_logger
-from quire.protocol import AppendRequest, Route, Status
+from protocol.logs import get_logger
+from protocol import AppendRequest, Route, Status
 
 from .append_fsm import AppendFSM, State
-from .assignments import advertise_route
-from .etcd import connect
+from topology.assignments import advertise_route
+from topology.etcd import connect
 from .fence import abort_superseded
-from .keyspace import KeySpace
-from .membership import BrokerSpec, Membership
+from topology.keyspace import KeySpace
+from topology.membership import BrokerSpec, Membership
 from .pipeline import PipelineBroken
 from .resolver import Resolver
 
 if TYPE_CHECKING:
-    from .server import Server
+    from .host import Host
 
 log = get_logger(__name__)
 
@@ -62,7 +62,7 @@ class _Barrier:
 
 
 class Hosting:
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.cfg = server.cfg
         self.client = None
@@ -107,7 +107,7 @@ class Hosting:
         self._spawn(self._watch_lease(), name="hosting-lease")
         self._spawn(self._pulse_loop(), name="hosting-pulse")
         if self.cfg.run_allocator:
-            from .allocator import Allocator
+            from topology.allocator import Allocator
 
             self._spawn(Allocator(self.client, self.keyspace, self.server.me, self.cfg.root).run(),
                            name="allocator")

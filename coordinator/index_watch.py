@@ -39,8 +39,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from quire.logs import get_logger
-from quire.protocol import Fragment
+from protocol.logs import get_logger
+from protocol import Fragment
 
 __all__ = ["IndexWatch", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "decode_index"]
 

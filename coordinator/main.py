@@ -28,8 +28,8 @@ def command(
     log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: Optional[str] = typer.Option(None, "--log-level"),
 ) -> None:
-    from quire.config import load_settings
-    from quire.logs import configure_logging
+    from protocol.config import load_settings
+    from protocol.logs import configure_logging
 
     from .server import Server, ServerConfig
 

@@ -43,8 +43,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from quire.logs import get_logger
-from quire.protocol import Fragment
+from protocol.logs import get_logger
+from protocol import Fragment
 
 __all__ = ["CeleryPersister", "JournalLag", "PERSIST_TASK", "make_celery_client"]
 

@@ -20,8 +20,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from quire.logs import get_logger
-from quire.protocol import (
+from protocol.logs import get_logger
+from protocol import (
     Header,
     Hello,
     HelloAck,
@@ -31,9 +31,9 @@ from quire.protocol import (
     ReplicateResponse,
     Status,
 )
-from quire.protocol.errors import ProtocolError, QuireError
-from quire.protocol.stream import FrameStream
-from quire.protocol.wire import encode_frame
+from protocol.errors import ProtocolError, QuireError
+from protocol.stream import FrameStream
+from protocol.wire import encode_frame
 
 from . import metrics
 from .replica import Replica

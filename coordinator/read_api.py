@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from quire.logs import get_logger
-from quire.protocol import (
+from protocol.logs import get_logger
+from protocol import (
     FetchFragmentRequest,
     FetchFragmentResponse,
     FragmentContent,
@@ -26,8 +26,8 @@ from quire.protocol import (
     ReadResponse,
     Status,
 )
-from quire.protocol.errors import ProtocolError
-from quire.protocol.stream import FrameStream
+from protocol.errors import ProtocolError
+from protocol.stream import FrameStream
 
 from . import metrics
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import msgspec
 
-from quire.logs import get_logger
-from quire.protocol import Codec, Fragment, LabelSet
+from protocol.logs import get_logger
+from protocol import Codec, Fragment, LabelSet
 
 from .replica import LocalFragment
 from .spool import DiskFile, DiskFiles

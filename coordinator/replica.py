@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from quire.logs import get_logger
-from quire.protocol import Fragment
+from protocol.logs import get_logger
+from protocol import Fragment
 
 from .flow_control import RateLimiter
 from .spool import FileFactory, Spool, SpoolFile

@@ -17,10 +17,10 @@ change aborts it at once (hosting) and the new primary gets the spool promptly.
 from __future__ import annotations
 
 
-from quire.logs import get_logger
-from quire.protocol import ReplicateContent, ReplicateProposal, ReplicateResponse, Status
-from quire.protocol.errors import ProtocolError
-from quire.protocol.stream import FrameStream
+from protocol.logs import get_logger
+from protocol import ReplicateContent, ReplicateProposal, ReplicateResponse, Status
+from protocol.errors import ProtocolError
+from protocol.stream import FrameStream
 
 from .fence import StreamFence
 from .replica import acquire_within

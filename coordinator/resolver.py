@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quire.protocol import Etcd, Header, JournalSpec, ProcessId, Route, Status
+from protocol import Etcd, Header, JournalSpec, ProcessId, Route, Status
 
-from .assignments import route_of, with_endpoints
-from .keyspace import Assignment, KeySpace
+from topology.assignments import route_of, with_endpoints
+from topology.keyspace import Assignment, KeySpace
 
 __all__ = ["Resolution", "Resolver"]
 

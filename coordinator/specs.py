@@ -14,13 +14,13 @@ from collections.abc import Sequence
 import aetcd
 import msgspec
 
-from quire.protocol import JournalSpec, LabelSelector, ValidationError
-from quire.protocol.errors import EtcdTransactionFailed
-from quire.protocol.messages import ApplyChange, ListEntry
-from quire.protocol.names import validate_journal_name
+from protocol import JournalSpec, LabelSelector, ValidationError
+from protocol.errors import EtcdTransactionFailed
+from protocol.messages import ApplyChange, ListEntry
+from protocol.names import validate_journal_name
 
-from .assignments import route_of
-from .etcd import (
+from topology.assignments import route_of
+from topology.etcd import (
     assign_prefix,
     cmp_mod,
     cmp_version,
@@ -32,7 +32,7 @@ from .etcd import (
     range_op,
     txn,
 )
-from .keyspace import Assignment
+from topology.keyspace import Assignment
 
 __all__ = ["apply_specs", "list_specs", "list_specs_at", "validate_changes"]
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from quire.protocol import EMPTY_SUM, Codec, Fragment, LabelSet, ReplicateProposal, ReplicateResponse, Status
-from quire.protocol.errors import QuireError
+from protocol import EMPTY_SUM, Codec, Fragment, LabelSet, ReplicateProposal, ReplicateResponse, Status
+from protocol.errors import QuireError
 
 # The file interface and its implementations live in spool_files.py; re-exported here.
 from .spool_files import DiskFile, DiskFiles, FileFactory, MemoryFile, MemoryFiles, SpoolFile  # noqa: F401

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from quire.protocol import Fragment
+from protocol import Fragment
 
 __all__ = ["DiskFile", "DiskFiles", "FileFactory", "MemoryFile", "MemoryFiles", "SpoolFile"]
 

@@ -26,12 +26,12 @@ from typing import Any
 import aetcd
 import msgspec
 
-from quire.protocol import Suspend, SuspendLevel
-from quire.protocol.errors import EtcdTransactionFailed, JournalNotFound, QuireError
+from protocol import Suspend, SuspendLevel
+from protocol.errors import EtcdTransactionFailed, JournalNotFound, QuireError
 
 from .append_rules import Decision, State, decide_suspended
-from .etcd import assignment_key, cmp_mod, journal_key, put_op, txn
-from .keyspace import KeySpace
+from topology.etcd import assignment_key, cmp_mod, journal_key, put_op, txn
+from topology.keyspace import KeySpace
 
 __all__ = ["RESUME_TIMEOUT", "SuspendStates", "update_suspend"]
 

@@ -25,8 +25,8 @@ def command(
     log_format: str | None = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: str | None = typer.Option(None, "--log-level"),
 ) -> None:
-    from quire.config import ConfigError, load_settings
-    from quire.logs import configure_logging
+    from protocol.config import ConfigError, load_settings
+    from protocol.logs import configure_logging
 
     from .server import DashboardServer
     from .state import StateCollector

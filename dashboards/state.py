@@ -16,7 +16,7 @@ from typing import Any
 import aetcd
 
 from quire.client import Client
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 from .topology import Topology, consistency, decode, labels_of, route_of
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from quire.protocol import JournalSpec, ProcessId, Route
+from protocol import JournalSpec, ProcessId, Route
 
 __all__ = ["Assignment", "Member", "Topology", "consistency", "decode", "route_of"]
 

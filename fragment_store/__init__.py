@@ -1,6 +1,6 @@
 """quire's fragment store layer: keys, codecs, stores, persistence and the index.
 
-Layer 2: imports `quire.protocol` and third-party libraries only.
+Layer 2: imports `protocol` and third-party libraries only.
 
     keys      content-addressed object keys (fragment_key / parse_key)
     codecs    none / gzip / zstd / snappy / gzip-offload, streaming

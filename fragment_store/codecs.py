@@ -24,7 +24,7 @@ from typing import Protocol
 import cramjam
 import zstandard
 
-from quire.protocol import Codec
+from protocol import Codec
 
 from .errors import CodecError
 

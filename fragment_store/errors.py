@@ -1,7 +1,7 @@
 """The exception tree of the fragment store layer.
 
-    QuireError                      (quire.protocol)
-    ├── ValidationError             (quire.protocol) .path names the field
+    QuireError                      (protocol)
+    ├── ValidationError             (protocol) .path names the field
     │   ├── InvalidFragmentKey      an object name is not a fragment key (skipped by listings)
     │   └── InvalidStoreKey         a key is not a clean relative path (it could escape the store)
     ├── CodecError                  compressed bytes do not decode: corrupt, truncated, trailing junk
@@ -19,7 +19,7 @@ Celery's JSON exception transport.
 
 from __future__ import annotations
 
-from quire.protocol import QuireError, ValidationError
+from protocol import QuireError, ValidationError
 
 
 class InvalidFragmentKey(ValidationError):

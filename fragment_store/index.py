@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from quire.protocol import Fragment, ValidationError
+from protocol import Fragment, ValidationError
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(list[Fragment])

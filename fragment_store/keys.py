@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
-from quire.protocol import Codec, Fragment, ValidationError, validate_journal_name
-from quire.protocol.names import JOURNAL_NAME_MAX, validate_path
+from protocol import Codec, Fragment, ValidationError, validate_journal_name
+from protocol.names import JOURNAL_NAME_MAX, validate_path
 
 from .errors import InvalidFragmentKey
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from quire.protocol import Fragment, LabelSet, ValidationError, validate_journal_name
+from protocol import Fragment, LabelSet, ValidationError, validate_journal_name
 
 from .index import CoverSet
 from .stores.base import FragmentStore

@@ -19,7 +19,7 @@ from typing import BinaryIO, Union
 
 import msgspec
 
-from quire.protocol import Codec, Fragment, ValidationError
+from protocol import Codec, Fragment, ValidationError
 
 from .codecs import compressor, decompress_chunks
 from .errors import ChecksumMismatch, FragmentNotFound, InvalidFragmentKey

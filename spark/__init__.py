@@ -7,6 +7,6 @@
     spark.catalog      driver side: journals (selector) and their covering sets
     spark.jobs         batch pipelines, run by `quire spark run JOB`
 
-Layer 4: imports only quire.protocol and fragment_store (and third-party libraries).
+Layer 4: imports only protocol and fragment_store (and third-party libraries).
 Nothing here imports pyspark or dask at package import time.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from quire.protocol import QuireError
+from protocol import QuireError
 
 from .framing import (BATCH_BYTES, MessageBatch, StoreRef, read_span, repeated,
                       strip_delimiters)

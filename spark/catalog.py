@@ -18,7 +18,7 @@ import logging
 import re
 from typing import Any
 
-from quire.protocol import Fragment, JournalSpec, LabelSelector, LabelSet, QuireError
+from protocol import Fragment, JournalSpec, LabelSelector, LabelSet, QuireError
 
 from .options import OptionError, ReadOptions
 from .planner import Span, plan

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quire.protocol import Fragment, QuireError
+from protocol import Fragment, QuireError
 
 from .planner import Span
 

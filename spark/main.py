@@ -23,7 +23,7 @@ import typer
 command = typer.Typer(name="spark", help="Batch jobs (Spark, Dask) over journals in the store.",
                       no_args_is_help=True, add_completion=False)
 
-PACKAGES = ("spark", "fragment_store", "quire/protocol")
+PACKAGES = ("spark", "fragment_store", "protocol")
 """What executors import: the layers a job needs (no coordinator, workers or client)."""
 
 
@@ -55,7 +55,7 @@ def run(
     option: list[str] = typer.Option([], "--option", "-O", help="data source option KEY=VALUE"),
 ) -> None:
     """Run a batch job on local[*] (or --master) and write its output."""
-    from quire.protocol import QuireError
+    from protocol import QuireError
 
     from .jobs import get_job
     from .jobs.common import JobParams, session
@@ -94,7 +94,7 @@ def index(
     output: str = typer.Option("table", "--format", "-o", help="table or json (JSON Lines)"),
 ) -> None:
     """Print the covering sets (fragment index) of the selected journals; no JVM."""
-    from quire.protocol import QuireError
+    from protocol import QuireError
 
     from .dask_reader import fragment_index
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quire.protocol import LabelSelector, ValidationError, parse_selector, validate_journal_name
-from quire.protocol.spec import validate_store_url
+from protocol import LabelSelector, ValidationError, parse_selector, validate_journal_name
+from protocol.spec import validate_store_url
 
 from .planner import DEFAULT_MAX_SPAN_BYTES, DEFAULT_READ_PAST_FRAGMENTS
 

@@ -36,7 +36,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from quire.protocol import Fragment, ValidationError
+from protocol import Fragment, ValidationError
 
 DEFAULT_MAX_SPAN_BYTES = 128 << 20
 """Fragments longer than this (uncompressed) are split into pieces."""

@@ -2,7 +2,7 @@
 
 etcd, redis-server and the S3 server start once per session (seconds each);
 every test gets its own etcd prefix, Redis database and bucket, checked empty
-on the way in and wiped on the way out. Helpers live in quire.services.
+on the way in and wiped on the way out. Helpers live in tools.services.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from quire.services import (
+from tools.services import (
     Bucket,
     EtcdService,
     RedisDb,
@@ -92,7 +92,7 @@ def spark():  # type: ignore[no-untyped-def]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # Session fixtures are torn down by now, so anything quire.services still
+    # Session fixtures are torn down by now, so anything tools.services still
     # tracks is a leak: fail the run rather than leave processes behind.
     leftovers = kill_all()
     if leftovers:

@@ -1,4 +1,4 @@
-"""quire.services never leaves a process behind: stop, kill, failed
+"""tools.services never leaves a process behind: stop, kill, failed
 readiness, process groups and interpreter exit are all covered."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import TimeoutError as RedisTimeout
 from redis.retry import Retry
 
-from quire.services import (
+from tools.services import (
     RedisService,
     Service,
     ServiceError,
@@ -112,7 +112,7 @@ def test_atexit_kills_what_the_program_forgot(tmp_path: Path) -> None:
     # A program that starts a service and exits without stopping it.
     script = textwrap.dedent(
         """
-        from quire.services import Service
+        from tools.services import Service
         svc = Service("forgotten", ["sleep", "300"]).start()
         print(svc.pid, flush=True)
         """

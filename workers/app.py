@@ -17,8 +17,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import setup_logging, worker_ready
 
-from quire.config import Settings, load_settings
-from quire.logs import configure_logging, get_logger
+from protocol.config import Settings, load_settings
+from protocol.logs import configure_logging, get_logger
 from workers.config import WorkerSettings, load_worker_settings
 
 TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse"]

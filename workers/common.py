@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from quire.config import Settings
+from protocol.config import Settings
 from workers.config import WorkerSettings
 from workers.topology import Topology, read_topology_sync
 

@@ -1,6 +1,6 @@
 """Settings of the workers role that are not shared with other processes.
 
-The shared ones (Redis, etcd, store credentials) come from `quire.config`. These
+The shared ones (Redis, etcd, store credentials) come from `protocol.config`. These
 are tuning knobs read from `QUIRE_WORKER_*` environment variables, validated once
 with errors that name the variable.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from quire.config import ConfigError
+from protocol.config import ConfigError
 
 __all__ = ["WorkerSettings", "load_worker_settings"]
 

@@ -1,6 +1,6 @@
 """Errors of the workers role.
 
-    QuireError (quire.protocol.errors)
+    QuireError (protocol.errors)
     └── WorkerError                 base; `retriable` says whether autoretry applies
         ├── TopologyUnavailable     etcd could not be read in time            (retriable)
         ├── ReplicaUnavailable      no replica endpoint served the fragment   (retriable)
@@ -15,7 +15,7 @@ else fails the task at once (and counts in `quire_worker_task_failures_total`).
 
 from __future__ import annotations
 
-from quire.protocol.errors import QuireError
+from protocol.errors import QuireError
 
 __all__ = [
     "ContentMismatch",

@@ -19,8 +19,8 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 
-from quire.logs import get_logger
-from quire.protocol import (
+from protocol.logs import get_logger
+from protocol import (
     ErrorFrame,
     FetchFragmentRequest,
     FetchFragmentResponse,
@@ -32,7 +32,7 @@ from quire.protocol import (
     ProtocolError,
     Status,
 )
-from quire.protocol.wire import PREFIX_SIZE, check_prefix, decode_header, encode_frame_bytes
+from protocol.wire import PREFIX_SIZE, check_prefix, decode_header, encode_frame_bytes
 from workers.errors import FragmentNotLocal, ReplicaUnavailable
 
 __all__ = ["fetch_fragment", "Throttle"]

@@ -35,8 +35,8 @@ from fragment_store import (
     read_manifest,
     write_manifest,
 )
-from quire.logs import bind, get_logger
-from quire.protocol import Fragment, LabelSet
+from protocol.logs import bind, get_logger
+from protocol import Fragment, LabelSet
 from workers import common, metrics
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, RETRIABLE

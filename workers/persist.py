@@ -31,8 +31,8 @@ from fragment_store import (
     list_fragments,
     persist_fragment,
 )
-from quire.logs import bind, get_logger
-from quire.protocol import Fragment, ValidationError
+from protocol.logs import bind, get_logger
+from protocol import Fragment, ValidationError
 from workers import common, metrics
 from workers.app import app
 from workers.errors import RETRIABLE, FragmentNotLocal

@@ -19,9 +19,9 @@ import asyncio
 from typing import Any
 
 from quire.client.client import Client
-from quire.logs import bind, get_logger
-from quire.protocol import Status, SuspendLevel
-from quire.protocol.errors import StatusError
+from protocol.logs import bind, get_logger
+from protocol import Status, SuspendLevel
+from protocol.errors import StatusError
 from workers import common
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, JournalUnknown, PulseFailed

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import aetcd
 import msgspec
 
-from quire.logs import get_logger
-from quire.protocol import JournalSpec
+from protocol.logs import get_logger
+from protocol import JournalSpec
 from workers.errors import TopologyUnavailable
 
 __all__ = ["Topology", "JournalTopology", "read_topology", "read_journal"]

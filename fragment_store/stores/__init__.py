@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from quire.protocol import validate_store_url
+from protocol import validate_store_url
 
 from .base import HEALTH_KEY, ChunkFile, Data, FragmentStore, ObjectInfo, check_key
 from .file import FileStore

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
-from quire.protocol import validate_store_url
+from protocol import validate_store_url
 
 from ..errors import FragmentNotFound, StoreError, StoreNotFound, StoreUnavailable
 from .base import READ_CHUNK, ChunkFile, Data, FragmentStore, ObjectInfo, check_key, check_prefix

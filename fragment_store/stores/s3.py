@@ -26,7 +26,7 @@ import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
 
-from quire.protocol import QuireError, validate_store_url
+from protocol import QuireError, validate_store_url
 
 from ..errors import (
     FragmentNotFound,

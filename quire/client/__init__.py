@@ -1,4 +1,4 @@
-"""quire's client library (layer 3): imports only quire.protocol and fragment_store.
+"""quire's client library (layer 3): imports only protocol and fragment_store.
 
     Client            asyncio client: append, read, list/apply/delete, fragments, brokers
     SyncClient        the same, blocking, on a private event loop thread
@@ -7,7 +7,7 @@
     messages          JSON-lines framing (LineFramer) and key -> journal Mapper
 """
 
-from quire.protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
+from protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
 from .append_service import AppendService, ServiceClosed
 from .client import Client

@@ -40,8 +40,8 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quire.protocol import Status, validate_journal_name
-from quire.protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
+from protocol import Status, validate_journal_name
+from protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
 from .results import AppendResult
 from .spill import SpillDir

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, BinaryIO, Union
 
-from quire.protocol.wire import MAX_CHUNK
+from protocol.wire import MAX_CHUNK
 
 AppendData = Union[bytes, bytearray, memoryview, BinaryIO, AsyncIterable[bytes]]
 

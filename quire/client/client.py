@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from quire.protocol import (
+from protocol import (
     AppendChunk,
     AppendCommit,
     AppendRequest,
@@ -53,7 +53,7 @@ from quire.protocol import (
     parse_selector,
     validate_journal_name,
 )
-from quire.protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
+from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
 
 from .body import AppendData, Body
 from .connection import Connection, ConnectionPool

@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from quire.protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
-from quire.protocol.errors import ProtocolError, StatusError, Unavailable, for_status
-from quire.protocol.status import Status
-from quire.protocol.stream import ConnectionClosed, FrameStream
-from quire.protocol.wire import Frame
+from protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
+from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
+from protocol.status import Status
+from protocol.stream import ConnectionClosed, FrameStream
+from protocol.wire import Frame
 
 
 class Connection:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from quire.protocol import Flag, LabelSelector, parse_selector
-from quire.protocol.errors import QuireError, Unavailable
+from protocol import Flag, LabelSelector, parse_selector
+from protocol.errors import QuireError, Unavailable
 
 if TYPE_CHECKING:
     from .client import Client

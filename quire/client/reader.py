@@ -22,16 +22,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from quire.protocol import Fragment, ReadContent, ReadRequest, ReadResponse, Status
-from quire.protocol.errors import ProtocolError, StatusError, Unavailable, for_status
+from protocol import Fragment, ReadContent, ReadRequest, ReadResponse, Status
+from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
 
 from . import store_reader
+from .connection import ConnectionPool
 from .retry import ROUTING_STATUSES, reason, strip_status
+from .routes import RouteCache
 
-if TYPE_CHECKING:
-    from .client import Client
+
+class ReadSession(Protocol):
+    """What a Reader needs of its client (client.Client is one)."""
+
+    routes: RouteCache
+    pool: ConnectionPool
+    retry_timeout: float
 
 Item = tuple[int, bytes]
 
@@ -41,7 +48,7 @@ class _Reissue(Exception):
 
 
 class Reader:
-    def __init__(self, client: Client, journal: str, offset: int = 0, *, block: bool = False,
+    def __init__(self, client: ReadSession, journal: str, offset: int = 0, *, block: bool = False,
                  follow: bool = False, end_offset: int = 0, from_store: bool = False,
                  metadata_only: bool = False) -> None:
         if offset < -1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from quire.protocol import Fragment, LabelSet
+from protocol import Fragment, LabelSet
 
 
 class AppendResult(msgspec.Struct, frozen=True, kw_only=True):

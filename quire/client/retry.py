@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from quire.protocol import Status
-from quire.protocol.errors import StatusError
+from protocol import Status
+from protocol.errors import StatusError
 
 ROUTING_STATUSES = frozenset({
     Status.NOT_JOURNAL_PRIMARY_BROKER,

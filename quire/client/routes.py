@@ -12,7 +12,7 @@ import itertools
 import time
 from collections import OrderedDict
 
-from quire.protocol import Header, Route
+from protocol import Header, Route
 
 
 class RouteCache:

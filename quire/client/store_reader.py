@@ -17,8 +17,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from quire.protocol import Fragment
-from quire.protocol.errors import QuireError
+from protocol import Fragment
+from protocol.errors import QuireError
 
 CHUNK = 1 << 20
 _stores: dict[str, Any] = {}

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from quire.protocol import ApplyChange, BrokerInfo, FragmentInfo, JournalSpec, LabelSelector, ListEntry
+from protocol import ApplyChange, BrokerInfo, FragmentInfo, JournalSpec, LabelSelector, ListEntry
 
 from .body import AppendData
 from .client import Client

@@ -14,7 +14,7 @@ JOBS: dict[str, ModuleType] = {hourly_counts.NAME: hourly_counts}
 
 
 def get_job(name: str) -> ModuleType:
-    from quire.protocol import ValidationError
+    from protocol import ValidationError
 
     try:
         return JOBS[name]

@@ -12,7 +12,7 @@ from bench.matrix import append_case, message_rate
 from bench.rss import measure_rss
 from chaos.cluster import LocalCluster, coordinator_available
 from quire.client import Client
-from quire.protocol import Codec, FragmentSpec, JournalSpec
+from protocol import Codec, FragmentSpec, JournalSpec
 
 pytestmark = [
     pytest.mark.timeout(240),

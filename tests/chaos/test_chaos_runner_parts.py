@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from chaos.runner import _ProxiedRoutes, classify
-from quire.protocol import Header, ProcessId, Route, Status
-from quire.protocol.errors import (
+from protocol import Header, ProcessId, Route, Status
+from protocol.errors import (
     Aborted,
     CommitUnknown,
     IndexHasGreaterOffset,

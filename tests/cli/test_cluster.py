@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quire.local_cluster import hello_probe
-from quire.services import EtcdService, Service, free_port
+from tools.local_cluster import hello_probe
+from tools.services import EtcdService, Service, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,7 +66,7 @@ def cluster(etcd: EtcdService, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def quire(cluster: dict, *args: str, stdin: bytes | None = None, env: dict | None = None,
           timeout: float = 60) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "QUIRE_BROKER": cluster["broker"], **(env or {})}
-    return subprocess.run([sys.executable, "-m", "quire.cli.main", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], input=stdin,
                           capture_output=True, env=full_env, timeout=timeout)
 
 
@@ -166,7 +166,7 @@ def test_append_read_and_fragments(cluster: dict, applied: dict, tmp_path: Path)
 
 def test_read_follow_sees_new_appends(cluster: dict, applied: dict) -> None:
     env = {**os.environ, "QUIRE_BROKER": cluster["broker"]}
-    proc = subprocess.Popen([sys.executable, "-m", "quire.cli.main", "read", "-j",
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "read", "-j",
                              "cli/clicks/part-001", "--offset", "-1", "-f"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:

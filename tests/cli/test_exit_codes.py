@@ -1,11 +1,11 @@
-"""Exit codes per status class (quire/cli/common.py): scripts branch on them."""
+"""Exit codes per status class (tools/cli/common.py): scripts branch on them."""
 
 from __future__ import annotations
 
 import pytest
 
-from quire.cli.common import exit_code_for
-from quire.protocol import Status, for_status
+from tools.cli.common import exit_code_for
+from protocol import Status, for_status
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from quire.services import free_port
+from tools.services import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "quire.cli.main", "up", "-n", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "up", "-n", "2",
                              "--data-dir", str(data_dir), "--port", str(port), "-o", "json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -47,7 +47,7 @@ def stop_up(proc: subprocess.Popen) -> int:
 
 def cli(info: dict, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "QUIRE_BROKER": info["broker"]}
-    return subprocess.run([sys.executable, "-m", "quire.cli.main", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], input=stdin,
                           capture_output=True, env=env, timeout=60)
 
 
@@ -86,7 +86,7 @@ def test_up_runs_a_cluster_and_a_second_run_keeps_its_journals(tmp_path: Path) -
     finally:
         stopping = time.monotonic()
         assert stop_up(proc) == 0
-    # Coordinators drain in parallel, within their bound (quire/local_cluster.py).
+    # Coordinators drain in parallel, within their bound (tools/local_cluster.py).
     assert time.monotonic() - stopping < 45
     # Everything it started is gone.
     leftovers = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True)

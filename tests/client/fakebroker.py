@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from quire.protocol import (
+from protocol import (
     AppendAbort,
     AppendChunk,
     AppendCommit,
@@ -42,8 +42,8 @@ from quire.protocol import (
     Route,
     Status,
 )
-from quire.protocol.errors import ProtocolError
-from quire.protocol.stream import FrameStream
+from protocol.errors import ProtocolError
+from protocol.stream import FrameStream
 
 
 class FakeBroker:
@@ -95,7 +95,7 @@ class FakeBroker:
         return Header(process_id=self.id, route=self.route())
 
     def create(self, name: str, **labels: str) -> None:
-        from quire.protocol import LabelSet
+        from protocol import LabelSet
 
         self.revision += 1
         self.specs[name] = (JournalSpec(name=name, replication=1, labels=LabelSet.of(labels)),

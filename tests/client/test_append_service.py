@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from quire.client import AppendService, Client, ServiceClosed
-from quire.protocol import errors
+from protocol import errors
 
 from .fakebroker import FakeBroker, running
 

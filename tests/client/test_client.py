@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from quire.client import Client, SyncClient
-from quire.protocol import JournalSpec, LabelSet, errors
-from quire.protocol.wire import MAX_CHUNK
+from protocol import JournalSpec, LabelSet, errors
+from protocol.wire import MAX_CHUNK
 
 from .fakebroker import FakeBroker, running
 
@@ -247,7 +247,7 @@ async def test_from_store_reads_persisted_fragments_directly(tmp_path) -> None:
     from fragment_store import compress, fragment_key
     from fragment_store.stores import open_store
 
-    from quire.protocol import Codec, Fragment
+    from protocol import Codec, Fragment
 
     store_url = (tmp_path / "store").as_uri() + "/"
     (tmp_path / "store").mkdir()

@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from quire.protocol import (
+from protocol import (
     AppendAbort,
     AppendChunk,
     AppendCommit,
@@ -31,9 +31,9 @@ from quire.protocol import (
     ReadResponse,
     Status,
 )
-from quire.protocol.fragment import Codec
-from quire.protocol.stream import FrameStream
-from quire.services import free_port
+from protocol.fragment import Codec
+from protocol.stream import FrameStream
+from tools.services import free_port
 
 
 class Conn:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 
 from chaos.proxy import FaultProxy
-from quire.protocol import Status
+from protocol import Status
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 

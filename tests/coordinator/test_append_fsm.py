@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quire.protocol import (
+from protocol import (
     AppendRequest,
     Etcd,
     Flag,
@@ -329,8 +329,8 @@ async def test_fsm_barrier_and_rollback_failures_stay_definite() -> None:
 
 # -- a proxying coordinator (append_api.proxy_append) ----------------------------------
 
-from quire.protocol import AppendChunk, AppendCommit, AppendResponse, Hello, HelloAck  # noqa: E402
-from quire.protocol.stream import FrameStream  # noqa: E402
+from protocol import AppendChunk, AppendCommit, AppendResponse, Hello, HelloAck  # noqa: E402
+from protocol.stream import FrameStream  # noqa: E402
 
 from coordinator.append_api import proxy_append  # noqa: E402
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from quire.protocol import AppendChunk, AppendRequest, AppendResponse, ProtocolError, Status
-from quire.protocol.stream import FrameStream
+from protocol import AppendChunk, AppendRequest, AppendResponse, ProtocolError, Status
+from protocol.stream import FrameStream
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from quire.protocol import Status
+from protocol import Status
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 

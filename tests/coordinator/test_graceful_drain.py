@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.protocol import Status
+from protocol import Status
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 

@@ -10,7 +10,7 @@ import time
 import msgspec
 import pytest
 
-from quire.protocol import AppendResponse, JournalSpec, Status, Suspend, SuspendLevel
+from protocol import AppendResponse, JournalSpec, Status, Suspend, SuspendLevel
 from coordinator.flow_control import MinRatePolicer, RateLimiter
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable

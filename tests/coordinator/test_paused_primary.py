@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from quire.protocol import ListBrokersRequest, ListBrokersResponse, Status
+from protocol import ListBrokersRequest, ListBrokersResponse, Status
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 

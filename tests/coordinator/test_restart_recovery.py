@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from quire.protocol import FragmentSpec, JournalSpec, Status
-from quire.protocol.fragment import Codec, Fragment
-from quire.services import free_port
+from protocol import FragmentSpec, JournalSpec, Status
+from protocol.fragment import Codec, Fragment
+from tools.services import free_port
 
 from .cluster import Cluster, Conn, make_workdir, wait_appendable
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from coordinator.spool import ContentDeltaMismatch, DiskFiles, MemoryFiles, Spool
-from quire.protocol import Codec, Fragment, LabelSet, ReplicateProposal, Status
+from protocol import Codec, Fragment, LabelSet, ReplicateProposal, Status
 
 J = "test/journal"
 
@@ -211,7 +211,7 @@ TestSpoolMachine.settings = settings(max_examples=150, stateful_step_count=40, d
 def test_retired_replica_keeps_committed_content_and_its_offset() -> None:
     """An assignment going away closes the spool for persistence (never drops it), and
     the replica keeps its offset for the next pipeline sync (docs/reliability.md #2)."""
-    from quire.protocol import ReplicateContent
+    from protocol import ReplicateContent
 
     from coordinator.replica import Replica
 
@@ -233,7 +233,7 @@ def test_retired_replica_keeps_committed_content_and_its_offset() -> None:
 
 
 def test_drop_after_forgets_a_superseded_primarys_unacknowledged_commits() -> None:
-    from quire.protocol import ReplicateContent
+    from protocol import ReplicateContent
 
     from coordinator.replica import Replica
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,7 +74,7 @@ def test_quire_commands_use_only_real_flags() -> None:
     seen = set()
     for name, cmd in commands("quire"):
         words = leading_words(cmd[1:])
-        text = help_text(sys.executable, "-m", "quire.cli.main", *words, "--help")
+        text = help_text(sys.executable, "-m", "tools.cli.main", *words, "--help")
         assert "Usage:" in text, f"{name}: `quire {' '.join(words)} --help` failed:\n{text}"
         for flag in flags(cmd[1:]):
             assert documented(flag, text), f"{name}: quire {' '.join(words)} has no {flag}\n{text}"
@@ -136,7 +136,7 @@ def test_etcd_members_use_only_real_settings() -> None:
 # -- environment and topology --------------------------------------------------------------
 
 def test_quire_environment_variables_are_real_settings() -> None:
-    from quire.config import _PARSERS
+    from protocol.config import _PARSERS
     from workers.config import _FIELDS
 
     known = {"QUIRE_" + k.upper() for k in _PARSERS} | {v[0] for v in _FIELDS.values()} | {"QUIRE_CONFIG"}

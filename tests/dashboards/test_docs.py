@@ -19,7 +19,7 @@ def table_row(doc: str, cell: str) -> str:
 
 
 def test_every_setting_is_documented_with_its_env_var_and_default() -> None:
-    from quire.config import _AWS_FALLBACKS, Settings
+    from protocol.config import _AWS_FALLBACKS, Settings
 
     for name in Settings.__struct_fields__:
         row = table_row(CONFIGURATION, name)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from quire.client import Client
-from quire.protocol import LabelSet
-from quire.services import EtcdService, Service, free_port
+from protocol import LabelSet
+from tools.services import EtcdService, Service, free_port
 from tests.coordinator.cluster import Cluster, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ import pytest
 
 from dashboards.server import DashboardServer
 from dashboards.state import StateCollector
-from quire.services import free_port
+from tools.services import free_port
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio(loop_scope="session")]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from dashboards.topology import Assignment, consistency, decode, labels_of, route_of
-from quire.protocol import JournalSpec, LabelSet, ProcessId, Route
+from protocol import JournalSpec, LabelSet, ProcessId, Route
 
 A, C = ProcessId("zone-a", "coord-a1"), ProcessId("zone-b", "coord-b1")
 

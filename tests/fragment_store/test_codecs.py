@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fragment_store import CodecError, compress, compress_chunks, compressor, decompress, decompress_chunks
-from quire.protocol import Codec
+from protocol import Codec
 
 CODECS = list(Codec)
 COMPRESSED = [c for c in Codec if c is not Codec.NONE]

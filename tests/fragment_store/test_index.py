@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fragment_store import CoverSet, decode_index, encode_index, merge
-from quire.protocol import Fragment, ValidationError
+from protocol import Fragment, ValidationError
 
 J = "a/journal"
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from fragment_store import InvalidFragmentKey, fragment_key, parse_key
 from fragment_store.keys import EXTENSION, PARSED_EXTENSIONS, fragment_name
-from quire.protocol import EMPTY_SUM, Codec, Fragment, ValidationError
+from protocol import EMPTY_SUM, Codec, Fragment, ValidationError
 
 SUM = hashlib.sha1(b"x").hexdigest()
 

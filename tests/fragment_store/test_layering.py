@@ -1,4 +1,4 @@
-"""fragment_store is layer 2: it imports quire.protocol and third-party libraries only."""
+"""fragment_store is layer 2: it imports protocol and third-party libraries only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import fragment_store
 
-FORBIDDEN = ("coordinator", "workers", "spark", "quire.client", "quire.cli", "quire.services",
+FORBIDDEN = ("coordinator", "workers", "spark", "quire.client", "tools.cli", "tools.services",
              "tests")
 
 
@@ -25,5 +25,5 @@ def test_fragment_store_imports_only_layer_one() -> None:
             for name in names:
                 assert not name.startswith(FORBIDDEN), f"{path}: imports {name}"
                 if name.startswith("quire"):
-                    assert name.startswith("quire.protocol"), f"{path}: imports {name}"
+                    assert name.startswith("protocol"), f"{path}: imports {name}"
         assert len(path.read_text().splitlines()) <= 400, f"{path} is over 400 lines"

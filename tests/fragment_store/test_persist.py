@@ -25,7 +25,7 @@ from fragment_store import (
     read_manifest,
     write_manifest,
 )
-from quire.protocol import Codec, Fragment, LabelSet, ValidationError
+from protocol import Codec, Fragment, LabelSet, ValidationError
 
 J = "logs/clicks"
 

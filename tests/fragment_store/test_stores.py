@@ -22,7 +22,7 @@ from fragment_store import (
     open_store,
 )
 from fragment_store.stores.base import HEALTH_KEY
-from quire.protocol import ValidationError
+from protocol import ValidationError
 
 
 def test_put_get_stat(store: FragmentStore) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quire.protocol import (
+from protocol import (
     Codec,
     Fragment,
     FragmentSpec,
@@ -27,7 +27,7 @@ from quire.protocol import (
     validate_journal_name,
     validate_store_url,
 )
-from quire.protocol.names import validate_suffix, validate_zone
+from protocol.names import validate_suffix, validate_zone
 
 # -- journal names ----------------------------------------------------------------------
 
@@ -362,7 +362,7 @@ def test_for_status_maps_every_status(status: Status) -> None:
         raise_for_status(status, "x", journal="a/b")
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls and str(back) == str(err) and back.journal == "a/b"
-    import quire.protocol.errors as errors_mod
+    import protocol.errors as errors_mod
     assert getattr(errors_mod, cls.__name__) is cls
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quire.protocol import (
+from protocol import (
     ALL_MESSAGES,
     Codec,
     FrameTooLarge,
@@ -21,9 +21,9 @@ from quire.protocol import (
     Status,
     parse_selector,
 )
-from quire.protocol import messages as m
-from quire.protocol.route import Etcd, Header
-from quire.protocol.wire import (
+from protocol import messages as m
+from protocol.route import Etcd, Header
+from protocol.wire import (
     MAX_CHUNK,
     MAX_FRAME,
     MAX_HEADER,
@@ -296,7 +296,7 @@ def test_fuzz_header_decoding(cls: type[m.Message], header: bytes) -> None:
 async def test_frame_stream_rejects_hostile_prefix_without_reading_body() -> None:
     import asyncio
 
-    from quire.protocol.stream import ConnectionClosed, FrameStream
+    from protocol.stream import ConnectionClosed, FrameStream
 
     class _Writer:
         transport = None

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from quire.services import CeleryWorkerService, RedisDb, celery_client, slug
+from tools.services import CeleryWorkerService, RedisDb, celery_client, slug
 
 
 @pytest.fixture(params=["threads", "prefork"])

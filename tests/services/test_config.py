@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.config import ConfigError, Secret, Settings, load_settings
+from protocol.config import ConfigError, Secret, Settings, load_settings
 
 BASE_ENV = {"HOME": "/home/q"}
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import aetcd
 import pytest
 
-from quire.services import EtcdService
+from tools.services import EtcdService
 
 
 def client_for(etcd: EtcdService) -> aetcd.Client:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from quire.logs import bind, configure_logging, get_logger
+from protocol.logs import bind, configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quire.services import RedisDb, RedisService
+from tools.services import RedisDb, RedisService
 
 
 def test_ping_set_get(redis_db: RedisDb) -> None:

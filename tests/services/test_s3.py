@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from quire.services import Bucket
+from tools.services import Bucket
 
 
 def put(bucket: Bucket, key: str, data: bytes) -> None:

@@ -52,7 +52,7 @@ def persist_journal(store: Any, journal: str, content: bytes, cuts: list[int],
                     codecs: tuple[str, ...] = CODECS, start: int = 0) -> list[Any]:
     """Persist content[cut_i:cut_i+1] as fragments (journal offsets start at `start`)."""
     from fragment_store import persist_fragment
-    from quire.protocol import Codec, Fragment
+    from protocol import Codec, Fragment
 
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(content))), len(content)]
     frags = []

@@ -43,5 +43,5 @@ def test_package_zips_what_executors_import(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     names = zipfile.ZipFile(out).namelist()
     assert "spark/datasource.py" in names and "fragment_store/persist.py" in names
-    assert "quire/protocol/fragment.py" in names
+    assert "protocol/fragment.py" in names
     assert not any(n.startswith(("coordinator/", "workers/", "quire/client/")) for n in names)

@@ -67,7 +67,7 @@ def test_index_mode_is_the_covering_set(file_store: StoreUnderTest) -> None:
 def test_manifest_labels_or_etcd_specs_drive_selectors(file_store: StoreUnderTest, etcd: Any,
                                                        etcd_root: str) -> None:
     from fragment_store import write_manifest
-    from quire.protocol import FragmentSpec, JournalSpec, LabelSet
+    from protocol import FragmentSpec, JournalSpec, LabelSet
 
     corpus = build_corpus(file_store, sizes={"topics/clicks/part-000": 50,
                                              "topics/views/part-000": 50})

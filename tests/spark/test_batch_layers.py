@@ -1,4 +1,4 @@
-"""spark/ is layer 4: it imports quire.protocol and fragment_store (and third-party
+"""spark/ is layer 4: it imports protocol and fragment_store (and third-party
 libraries), never another role, the client or the CLI; and no module grows past ~400 lines."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("coordinator", "workers", "quire.client", "quire.cli", "chaos", "tests")
+FORBIDDEN = ("coordinator", "workers", "quire.client", "tools.cli", "chaos", "tests")
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,7 +26,7 @@ def test_spark_imports_only_lower_layers() -> None:
         bad = {m for m in _imports(path) if m.split(".")[0] in FORBIDDEN[:2] + FORBIDDEN[4:]
                or m.startswith(FORBIDDEN[2:4])}
         if path.name == "batch.py":
-            bad -= {"quire.services"}
+            bad -= {"tools.services"}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 

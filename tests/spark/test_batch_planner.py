@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quire.protocol import Codec, Fragment, ValidationError
+from protocol import Codec, Fragment, ValidationError
 from spark.planner import Span, covering_runs, plan
 
 J = "test/journal"

@@ -36,7 +36,7 @@ def _persisted_end(store: Any, journal: str) -> int:
 def test_read_rpc_spark_and_dask_agree(quire_spark: Any, tmp_path: Path) -> None:
     chaos_cluster = pytest.importorskip("chaos.cluster")
     client_mod = pytest.importorskip("quire.client")
-    from quire.protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+    from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
 
     sut = StoreUnderTest(url=f"file://{tmp_path}/store/", options={}, kind="file")
     store = sut.store()

@@ -10,9 +10,9 @@ import aetcd
 import pytest
 import pytest_asyncio
 
-from coordinator.etcd import connect
-from coordinator.keyspace import KeySpace
-from quire.services import EtcdService, Service
+from topology.etcd import connect
+from topology.keyspace import KeySpace
+from tools.services import EtcdService, Service
 
 
 # Function loop scope: the grpc channel must live on the loop of the test using it.
@@ -41,14 +41,14 @@ async def wait_until(ks: KeySpace, predicate: Callable[[], object], timeout: flo
 
 
 class Member(Service):
-    """A `python -m coordinator.topology_member` process."""
+    """A `python -m topology.topology_member` process."""
 
     stop_timeout = 40.0
 
     def __init__(self, etcd: EtcdService, root: str, zone: str, suffix: str, *,
                  limit: int = 100, ttl: float = 3.0, advertise: bool = True,
                  drain_timeout: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "coordinator.topology_member", "--etcd", etcd.url,
+        argv = [sys.executable, "-m", "topology.topology_member", "--etcd", etcd.url,
                 "--root", root, "--zone", zone, "--id", suffix, "--endpoint",
                 f"127.0.0.1:{9000 + abs(hash(suffix)) % 1000}", "--limit", str(limit),
                 "--ttl", str(ttl), "--drain-timeout", str(drain_timeout)]

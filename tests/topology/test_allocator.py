@@ -1,6 +1,6 @@
 """The allocator against real etcd: election in-process, then member processes.
 
-The member processes are `python -m coordinator.topology_member --advertise`: as slot 0
+The member processes are `python -m topology.topology_member --advertise`: as slot 0
 of a journal they advertise its route, standing in for a primary's pipeline sync.
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Callable
 import aetcd
 import pytest
 
-from coordinator.allocator import Allocator
-from coordinator.assignments import is_consistent
-from coordinator.keyspace import KeySpace
-from coordinator.membership import BrokerSpec, Membership
+from topology.allocator import Allocator
+from topology.assignments import is_consistent
+from topology.keyspace import KeySpace
+from topology.membership import BrokerSpec, Membership
 from coordinator.specs import apply_specs
-from quire.protocol import JournalSpec, ProcessId
-from quire.protocol.messages import ApplyChange
+from protocol import JournalSpec, ProcessId
+from protocol.messages import ApplyChange
 
 from .conftest import Member, wait_until
 
@@ -37,8 +37,8 @@ async def add_journals(client: aetcd.Client, root: str, n: int, replication: int
 
 def describe(ks: KeySpace, journals: list[str]) -> str:
     """The topology and the plan the leader would make now (for failure messages)."""
-    from coordinator.allocator import snapshot
-    from coordinator.allocator_plan import plan
+    from topology.allocator import snapshot
+    from topology.allocator_plan import plan
 
     lines = [f"leader={ks.leader.member if ks.leader else None} members="
              f"{sorted((str(p), m.spec.exiting) for p, m in ks.members.items())}"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.allocator_plan import (
+from topology.allocator_plan import (
     Add,
     AllocState,
     AssignState,
@@ -27,7 +27,7 @@ from coordinator.allocator_plan import (
     desired_placement,
     plan,
 )
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 
 def pid(zone: str, i: int) -> ProcessId:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.etcd import (
+from topology.etcd import (
     MalformedKey,
     assignment_key,
     journal_key,
@@ -14,7 +14,7 @@ from coordinator.etcd import (
     parse_journal_key,
     parse_member_key,
 )
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 P = ProcessId("us-east", "broker-1")
 

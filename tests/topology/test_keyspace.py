@@ -8,8 +8,8 @@ import aetcd
 import msgspec
 import pytest
 
-from coordinator.assignments import advertise_route, is_consistent, route_of
-from coordinator.etcd import (
+from topology.assignments import advertise_route, is_consistent, route_of
+from topology.etcd import (
     AssignmentConflict,
     DuplicateMember,
     assignment_key,
@@ -17,13 +17,13 @@ from coordinator.etcd import (
     journal_key,
     member_key,
 )
-from coordinator.keyspace import KeySpace
-from coordinator.membership import BrokerSpec, Membership
+from topology.keyspace import KeySpace
+from topology.membership import BrokerSpec, Membership
 from coordinator.resolver import Resolver
 from coordinator.specs import apply_specs
-from quire.protocol import JournalSpec, ProcessId, Route, Status
-from quire.protocol.messages import ApplyChange
-from quire.services import EtcdService
+from protocol import JournalSpec, ProcessId, Route, Status
+from protocol.messages import ApplyChange
+from tools.services import EtcdService
 
 from .conftest import wait_until
 

@@ -8,11 +8,11 @@ import json
 import aetcd
 import pytest
 
-from coordinator.etcd import journal_key
+from topology.etcd import journal_key
 from coordinator.specs import apply_specs, list_specs
-from quire.protocol import JournalSpec, LabelSet, ValidationError, parse_selector
-from quire.protocol.errors import EtcdTransactionFailed
-from quire.protocol.messages import ApplyChange
+from protocol import JournalSpec, LabelSet, ValidationError, parse_selector
+from protocol.errors import EtcdTransactionFailed
+from protocol.messages import ApplyChange
 
 
 def spec(name: str, **labels: str) -> JournalSpec:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from quire.services import CeleryWorkerService, EtcdService, RedisDb, S3Service, celery_client
+from tools.services import CeleryWorkerService, EtcdService, RedisDb, S3Service, celery_client
 
 from .workers_support import worker_env
 

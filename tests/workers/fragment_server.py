@@ -14,7 +14,7 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 
-from quire.protocol import (
+from protocol import (
     FetchFragmentRequest,
     FetchFragmentResponse,
     Fragment,
@@ -23,7 +23,7 @@ from quire.protocol import (
     HelloAck,
     Status,
 )
-from quire.protocol.stream import FrameStream
+from protocol.stream import FrameStream
 
 CHUNK = 64 * 1024
 

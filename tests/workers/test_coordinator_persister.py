@@ -16,7 +16,7 @@ import pytest
 from coordinator.index_watch import IndexWatch
 from coordinator.persister import CeleryPersister
 from fragment_store import fragment_key
-from quire.services import RedisService
+from tools.services import RedisService
 
 from .fragment_server import FragmentServer, make_fragment
 from .workers_support import put_journal, s3_url

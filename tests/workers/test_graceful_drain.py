@@ -13,8 +13,8 @@ import pytest
 
 from fragment_store import CoverSet, list_fragments, open_store
 from quire.client.client import Client
-from quire.protocol import FragmentSpec, JournalSpec
-from quire.services import free_port
+from protocol import FragmentSpec, JournalSpec
+from tools.services import free_port
 
 from .workers_support import coordinator
 

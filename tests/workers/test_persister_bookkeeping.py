@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coordinator.persister import CeleryPersister
-from quire.protocol import Fragment
+from protocol import Fragment
 
 
 def frag(begin: int, end: int, journal: str = "acme/book") -> Fragment:

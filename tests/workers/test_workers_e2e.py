@@ -17,8 +17,8 @@ import pytest
 
 from fragment_store import CoverSet, fragment_key, open_store, read_fragment
 from quire.client.client import Client
-from quire.protocol import FragmentSpec, JournalSpec
-from quire.services import free_port
+from protocol import FragmentSpec, JournalSpec
+from tools.services import free_port
 
 from .workers_support import coordinator, s3_url, scrape
 
@@ -130,7 +130,7 @@ async def read_range_on(c: Client, begin: int, end: int) -> bytes:
 
 async def test_redis_outage_appends_and_reads_continue_then_persistence_catches_up(
         start_worker, env, etcd, etcd_root, tmp_path) -> None:
-    from quire.services import RedisService
+    from tools.services import RedisService
 
     store_url = (tmp_path / "store").as_uri() + "/"
     port, metrics_port = free_port(), free_port()

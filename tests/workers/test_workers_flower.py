@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import requests
 
-from quire.services import Service, free_port, wait_for
+from tools.services import Service, free_port, wait_for
 
 from .fragment_server import FragmentServer, make_fragment
 from .workers_support import put_journal

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from fragment_store import CoverSet, open_store, persist_fragment, read_manifest
-from quire.protocol import Fragment, LabelSet, parse_selector
-from quire.services import S3Service, Service, wait_for
+from protocol import Fragment, LabelSet, parse_selector
+from tools.services import S3Service, Service, wait_for
 
 from .workers_support import delete_key, put_journal, s3_url
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from fragment_store import decompress, fragment_key, open_store
-from quire.services import wait_for
+from tools.services import wait_for
 
 from .fragment_server import FragmentServer, make_fragment
 from .workers_support import s3_url
@@ -112,7 +112,7 @@ def test_worker_killed_mid_upload_redelivers_and_writes_once(start_worker, clien
 
 
 def test_worker_metrics_count_task_failures_and_persisted_bytes(start_worker, client, server, file_store) -> None:
-    from quire.services import free_port
+    from tools.services import free_port
     from .workers_support import scrape
 
     port = free_port()

@@ -9,8 +9,8 @@ import json
 
 import msgspec
 
-from quire.protocol import JournalSpec, Suspend, SuspendLevel
-from quire.services import wait_for
+from protocol import JournalSpec, Suspend, SuspendLevel
+from tools.services import wait_for
 
 from .workers_support import put_journal, put_keys
 

@@ -10,9 +10,9 @@ from typing import Any
 import aetcd
 import msgspec
 
-from quire.protocol import FragmentSpec, JournalSpec, LabelSet
-from quire.services import EtcdService, S3Service
-from quire.services.isolation import Bucket
+from protocol import FragmentSpec, JournalSpec, LabelSet
+from tools.services import EtcdService, S3Service
+from tools.services.isolation import Bucket
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def coordinator(name: str, *, etcd: EtcdService, root: str, redis_url: str | Non
     import socket
     import sys
 
-    from quire.services import Service
+    from tools.services import Service
 
     argv = [sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", name,
             "--listen", f"127.0.0.1:{port}", "--etcd", etcd.url, "--root", root,

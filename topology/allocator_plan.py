@@ -38,7 +38,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 __all__ = [
     "Add",

@@ -24,8 +24,8 @@ from typing import Any
 import aetcd
 from aetcd import rpc
 
-from quire.protocol import ProcessId
-from quire.protocol.errors import EtcdTransactionFailed, QuireError, Unavailable
+from protocol import ProcessId
+from protocol.errors import EtcdTransactionFailed, QuireError, Unavailable
 
 __all__ = [
     "AssignmentConflict",

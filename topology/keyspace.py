@@ -31,7 +31,7 @@ import msgspec
 import structlog
 from aetcd import rpc
 
-from quire.protocol import Etcd, JournalSpec, ProcessId, Route
+from protocol import Etcd, JournalSpec, ProcessId, Route
 
 from .etcd import (
     MalformedKey,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import redis
 from minio import Minio
 
-from quire.services.etcd import EtcdService
-from quire.services.process import ServiceError
-from quire.services.redis_server import RedisService
-from quire.services.s3 import S3Service, empty_bucket
+from tools.services.etcd import EtcdService
+from tools.services.process import ServiceError
+from tools.services.redis_server import RedisService
+from tools.services.s3 import S3Service, empty_bucket
 
 __all__ = ["Bucket", "RedisDb", "RedisDbPool", "etcd_prefix", "fresh_bucket", "slug"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from quire.client import Client
-from quire.protocol import ApplyChange, ListEntry
+from protocol import ApplyChange, ListEntry
 
 from . import specs as specfile
 from .common import (

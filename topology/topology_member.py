@@ -1,6 +1,6 @@
 """A topology-only member: announce, mirror the keyspace, run the allocator.
 
-    python -m coordinator.topology_member --etcd http://127.0.0.1:2379 --root /quire \\
+    python -m topology.topology_member --etcd http://127.0.0.1:2379 --root /quire \\
         --zone a --id member-1 --endpoint 127.0.0.1:9001 --limit 100 --ttl 3 [--advertise]
 
 The real coordinator server does the same plus serving. Multi-process topology tests
@@ -25,8 +25,8 @@ import sys
 
 import structlog
 
-from quire.logs import configure_logging
-from quire.protocol import ProcessId
+from protocol.logs import configure_logging
+from protocol import ProcessId
 
 from .allocator import Allocator
 from .assignments import advertise_route, is_consistent, route_of
@@ -40,7 +40,7 @@ EXIT_LEASE_LOST = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m coordinator.topology_member")
+    p = argparse.ArgumentParser(prog="python -m topology.topology_member")
     p.add_argument("--etcd", required=True, help="etcd URL, http://host:port")
     p.add_argument("--root", default="/quire")
     p.add_argument("--zone", required=True)

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from quire.services import CeleryWorkerService, EtcdService, RedisService, Service, ServiceError
-from quire.services.process import free_port
+from tools.services import CeleryWorkerService, EtcdService, RedisService, Service, ServiceError
+from tools.services.process import free_port
 
 ROOT = "/quire"
 DRAIN_TIMEOUT = 30.0
@@ -51,8 +51,8 @@ def _port_free(port: int) -> bool:
 
 def hello_probe(endpoint: str, timeout: float = 1.0) -> bool:
     """True once a quire coordinator answers Hello at `endpoint` (blocking, no asyncio)."""
-    from quire.protocol import Hello, HelloAck
-    from quire.protocol.wire import FrameDecoder, encode_frame_bytes
+    from protocol import Hello, HelloAck
+    from protocol.wire import FrameDecoder, encode_frame_bytes
 
     host, _, port = endpoint.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
@@ -279,7 +279,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     from rich.console import Console
     from rich.table import Table
 
-    from quire.config import default_data_dir
+    from protocol.config import default_data_dir
 
     console = Console(stderr=True)
     stop = threading.Event()

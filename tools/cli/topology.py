@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from quire.protocol import FragmentInfo
+from protocol import FragmentInfo
 
 from .common import CliError, Output, OutputOption, emit_json_lines, emit_table, emit_yaml, human_bytes, run
 
@@ -87,7 +87,7 @@ def print_config(output: Output = typer.Option(Output.yaml, "-o", "--output",
                  config: str = typer.Option(None, "--config", help="YAML settings file "
                                             "(default: $QUIRE_CONFIG).")) -> None:
     """Print the settings quire processes would use here (secrets masked)."""
-    from quire.config import ConfigError, load_settings
+    from protocol.config import ConfigError, load_settings
 
     try:
         settings = load_settings(config_path=config)

@@ -1,10 +1,10 @@
 """Start and stop the real services quire depends on (etcd, redis-server, an
 S3 endpoint, Celery workers) on loopback, for tests and `quire up`."""
 
-from quire.services.celery_worker import CeleryWorkerService, celery_client
-from quire.services.etcd import EtcdService, prefix_range_end
-from quire.services.isolation import Bucket, RedisDb, RedisDbPool, etcd_prefix, fresh_bucket, slug
-from quire.services.process import (
+from tools.services.celery_worker import CeleryWorkerService, celery_client
+from tools.services.etcd import EtcdService, prefix_range_end
+from tools.services.isolation import Bucket, RedisDb, RedisDbPool, etcd_prefix, fresh_bucket, slug
+from tools.services.process import (
     Service,
     ServiceError,
     free_port,
@@ -13,8 +13,8 @@ from quire.services.process import (
     pid_alive,
     wait_for,
 )
-from quire.services.redis_server import RedisService
-from quire.services.s3 import S3Service, empty_bucket
+from tools.services.redis_server import RedisService
+from tools.services.s3 import S3Service, empty_bucket
 
 __all__ = [
     "Bucket",

@@ -17,7 +17,7 @@ import aetcd
 import msgspec
 import structlog
 
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 from .etcd import DuplicateMember, EtcdError, TopologyError, cmp_version, member_key, put_op, txn
 

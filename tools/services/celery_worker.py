@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
-from quire.services.process import Service, ServiceError
+from tools.services.process import Service, ServiceError
 
 __all__ = ["CeleryWorkerService", "celery_client"]
 

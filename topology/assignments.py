@@ -14,7 +14,7 @@ import aetcd
 import msgspec
 import structlog
 
-from quire.protocol import ProcessId, Route
+from protocol import ProcessId, Route
 
 from .etcd import AssignmentConflict, EtcdError, assignment_key, cmp_mod, put_op, txn
 from .keyspace import Assignment, KeySpace

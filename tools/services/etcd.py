@@ -8,7 +8,7 @@ import shutil
 import urllib.request
 from typing import Any
 
-from quire.services.process import Service, ServiceError, free_port
+from tools.services.process import Service, ServiceError, free_port
 
 __all__ = ["EtcdService", "prefix_range_end"]
 

@@ -8,7 +8,7 @@ invoked (so `quire read` never pays for importing a coordinator, and the CLI lay
 depends on a role).
 
 Every failure ends as one line on stderr and an exit code per class of failure
-(see quire.cli.common).
+(see tools.cli.common).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
                                 "(the next ones take the following free ports)."),
        output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
     """Run a whole local cluster in the foreground until Ctrl-C or SIGTERM."""
-    from quire.local_cluster import run_foreground
+    from tools.local_cluster import run_foreground
 
     raise typer.Exit(run_foreground(coordinators=coordinators, store=store, data_dir=data_dir,
                                     flower=flower, zones=zones, port=port, output=output))
@@ -113,7 +113,7 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
 def demo(data_dir: str = typer.Option(None, "--data-dir", help="Cluster data directory "
                                       "(default: a fresh temporary one).")) -> None:
     """Start a local cluster, write and read a topic, show persisted fragments, stop."""
-    from quire.demo import main as demo_main
+    from tools.demo import main as demo_main
 
     raise typer.Exit(demo_main(data_dir))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from minio import Minio
 
-from quire.services.process import Service, ServiceError, free_port
+from tools.services.process import Service, ServiceError, free_port
 
 __all__ = ["S3Service", "empty_bucket"]
 

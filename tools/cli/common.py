@@ -35,8 +35,8 @@ from rich.console import Console
 from rich.table import Table
 
 from quire.client import Client
-from quire.protocol import Status
-from quire.protocol.errors import ProtocolError, QuireError, StatusError, ValidationError
+from protocol import Status
+from protocol.errors import ProtocolError, QuireError, StatusError, ValidationError
 
 T = TypeVar("T")
 

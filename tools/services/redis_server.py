@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from quire.services.process import Service, ServiceError, free_port
+from tools.services.process import Service, ServiceError, free_port
 
 __all__ = ["RedisService"]
 

@@ -1,4 +1,4 @@
-"""`python -m quire.services.demo`: start quire's dependencies, show them,
+"""`python -m tools.services.demo`: start quire's dependencies, show them,
 prove a worker answers, and stop everything.
 
 This is what `make run` does until the coordinator exists; it says so rather
@@ -15,7 +15,7 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from rich.console import Console
 from rich.table import Table
 
-from quire.services import (
+from tools.services import (
     CeleryWorkerService,
     EtcdService,
     RedisService,

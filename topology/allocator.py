@@ -25,7 +25,7 @@ import aetcd
 import msgspec
 import structlog
 
-from quire.protocol import ProcessId
+from protocol import ProcessId
 
 from . import allocator_plan as ap
 from .assignments import is_consistent

@@ -34,8 +34,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from quire.protocol import ApplyChange, JournalSpec, LabelSet, ListEntry, parse_duration
-from quire.protocol.errors import ValidationError
+from protocol import ApplyChange, JournalSpec, LabelSet, ListEntry, parse_duration
+from protocol.errors import ValidationError
 
 _DURATIONS = ("refresh_interval", "retention", "flush_interval")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?", re.IGNORECASE)

@@ -1,4 +1,4 @@
-"""`make run` / `quire demo` / `python -m quire.demo`: quire end to end, then stop.
+"""`make run` / `quire demo` / `python -m tools.demo`: quire end to end, then stop.
 
 1. start a local cluster (`quire up`'s LocalCluster: etcd, redis-server, 2 coordinators,
    Celery worker and beat — all subprocesses) in a fresh data directory;
@@ -25,9 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from quire.client import AppendService, Client, Mapper, encode, read_messages
-from quire.protocol import Codec, FragmentSpec, JournalSpec, LabelSet
-from quire.services import ServiceError
-from quire.services.process import free_port
+from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+from tools.services import ServiceError
+from tools.services.process import free_port
 
 console = Console()
 PARTITIONS = 4
@@ -124,7 +124,7 @@ def _spark_job(data_dir: Path, store: str) -> int:
 
 
 def main(data_dir: str | None = None) -> int:
-    from quire.local_cluster import LocalCluster
+    from tools.local_cluster import LocalCluster
 
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="quire-demo-"))
     started = time.monotonic()

@@ -1,6 +1,12 @@
-"""quire's base layer: model types, statuses, validation and wire framing.
+"""quire's ground floor (layer 1): the wire protocol and the types every process shares.
 
-Imports nothing else of quire's. Everything a peer or a store sees is defined here.
+    messages, wire, stream  request/response catalogue, frame codec, framed asyncio streams
+    spec, fragment, route   JournalSpec, Fragment, Route/Header and their validation
+    labels, names, status   label sets and selectors, name rules, the Status enum
+    errors                  the typed error tree (one StatusError per status)
+    config, logs            typed settings (flags > env > YAML) and structlog set-up
+
+Imports nothing else of quire's; everything a peer or a store sees is defined here.
 """
 
 from .errors import (

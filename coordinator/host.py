@@ -1,0 +1,158 @@
+"""What a coordinator process hosts (the lower half of the server).
+
+`Host` holds the settings, the spool files, the persister and a Replica per hosted
+journal, and implements what the append FSM needs of a broker (append_fsm.Broker).
+Everything above it — the etcd follower (hosting.py), the drain (drain.py) and the
+connection server (server.py) — works on a Host; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from protocol import Fragment, ProcessId, Route, Suspend
+from protocol.logs import get_logger
+
+from . import metrics
+from .recovery import RecoveredFragments, read_heads, scan_spool_dir
+from .replica import LocalPersister, Persister, Replica
+from .spool import DiskFiles
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    zone: str
+    suffix: str
+    listen: str
+    etcd_url: str
+    root: str = "/quire"
+    spool_dir: str = "/tmp/quire-spool"
+    redis_url: str | None = None
+    journal_limit: int = 1024
+    lease_ttl: float = 20.0
+    min_append_rate: float = 64 * 1024
+    drain_timeout: float = 30.0
+    """On SIGTERM, the bound of the whole drain (drain.py)."""
+    pulse_interval: float = 60.0
+    run_allocator: bool = True
+    advertise: str | None = None
+    """host:port peers and clients are told to use (e.g. a proxy in front of us);
+    defaults to `listen`."""
+
+    @property
+    def endpoint(self) -> str:
+        return self.advertise or self.listen
+
+
+class Host:
+    """What this process hosts: its settings, spool files, persister and one Replica per
+    journal assigned here, plus the count of appends being served. The FSM, the RPC
+    handlers, the topology follower (hosting.py) and the drain (drain.py) work on it;
+    server.py serves connections over it."""
+
+    def __init__(self, cfg: ServerConfig, persister: Persister | None = None) -> None:
+        self.cfg = cfg
+        self.me = ProcessId(cfg.zone, cfg.suffix)
+        self.files = DiskFiles(cfg.spool_dir)
+        self.persister: Persister = persister or LocalPersister()
+        holder = getattr(self.persister, "_quire_holder", None)
+        if isinstance(holder, dict):
+            holder["server"] = self  # the persister's callbacks look up routes through us
+        self.replicas: dict[str, Replica] = {}
+        self.recovered = RecoveredFragments({})
+        """Closed fragments found on disk at start, of journals not hosted (again) yet."""
+        # Read at scrape time (never on the hot path), summed over the replicas.
+        metrics.SPOOL_BYTES.set_function(self.spool_bytes)
+        self.topology: Any = None
+        """The etcd side (hosting.Hosting), attached by the server."""
+        self.keyspace = None  # set once connected
+        self._appends = 0
+        self._appends_idle = asyncio.Event()
+        self._appends_idle.set()
+        self._tg: asyncio.TaskGroup | None = None
+
+    # -- what the FSM and handlers need (append_fsm.Broker) ------------------------------
+
+    async def resolve(self, journal: str, min_revision: int = 0):  # noqa: ANN201
+        return await self.topology.resolver.resolve(journal, min_revision=min_revision)
+
+    def replica(self, journal: str) -> Replica:
+        r = self.replicas.get(journal)
+        if r is None:
+            r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
+            r.adopt_local(self.recovered.take(journal))
+            head = self.recovered.take_head(journal)
+            if head is not None:
+                r.resume_at(head)
+            metrics.REPLICAS.set(len(self.replicas))
+        return r
+
+    def spool_bytes(self) -> float:
+        """Committed bytes in open spools plus closed fragments still on local disk."""
+        total = self.recovered.bytes
+        for r in list(self.replicas.values()):
+            total += r.spool.content_length
+            for lf in r.local:
+                total += lf.fragment.end - lf.fragment.begin
+        return float(total)
+
+    def recover(self) -> None:
+        """Closed fragments of a previous run go to the persister again (recovery.py)."""
+        journals = self.keyspace.journals
+
+        def codec_of(journal: str):  # noqa: ANN202
+            entry = journals.get(journal)
+            return entry.spec.fragment.compression_codec if entry is not None else None
+
+        self.recovered = RecoveredFragments(scan_spool_dir(self.files, codec_of),
+                                            read_heads(self.files, journals), self.files)
+        for journal, frags in self.recovered.by_journal.items():
+            log.info("re-queueing closed fragments of a previous run", journal=journal,
+                     count=len(frags), end=frags[-1].fragment.end)
+            for lf in frags:
+                # primary=True: send now. Nobody else may still hold these bytes, and a
+                # duplicate persist task costs the worker one Exists check.
+                self._on_closed(lf.fragment, lf.file.path if lf.file else None, True)
+
+    async def advertise_route(self, journal: str, route: Route) -> int:
+        return await self.topology.advertise(journal, route)
+
+    async def update_suspend(self, journal: str, suspend: Suspend) -> int:
+        from .suspend import update_suspend
+
+        return await update_suspend(self.topology.client, self.keyspace, journal, suspend)
+
+    async def teardown_pipeline(self, replica: Replica) -> None:
+        pln, replica.pipeline = replica.pipeline, None
+        if pln is not None:
+            await pln.close()
+            replica.spool_lock.release()
+
+    def _on_closed(self, fragment: Fragment, path: str | None, primary: bool) -> None:
+        closed = getattr(self.persister, "closed", None)
+        if closed is not None:
+            closed(fragment, path, primary)  # the Celery persister's non-blocking form
+        elif self._tg is not None:
+            self._tg.create_task(self.persister.on_closed(fragment, path))
+
+    @property
+    def appends_idle(self) -> asyncio.Event:
+        """Set while no append RPC is being served (the drain waits for it)."""
+        return self._appends_idle
+
+    @property
+    def appends_in_flight(self) -> int:
+        return self._appends
+
+    def append_started(self) -> None:
+        self._appends += 1
+        self._appends_idle.clear()
+
+    def append_finished(self) -> None:
+        self._appends -= 1
+        if self._appends == 0:
+            self._appends_idle.set()

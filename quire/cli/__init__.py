@@ -1,1 +1,0 @@
-"""The `quire` command line (layer 5): never imports a role package."""
