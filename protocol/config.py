@@ -95,6 +95,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     min_append_rate: int = 65536
     log_format: str = "auto"
     log_level: str = "INFO"
+    auth_keys: Secret | None = None
+    """Comma-separated base64 HS256 keys: the first signs, any verifies (docs/security.md).
+    Set on coordinators, auth is on; unset, it is off."""
+    auth_keys_file: str | None = None
+    """A file (mode 0600) holding the keys, one per line; read when auth_keys is unset."""
+    auth_audience: str = "quire"
+    token: Secret | None = None
+    """The capability token this process presents (QUIRE_TOKEN)."""
 
     @property
     def etcd_host_port(self) -> tuple[str, int]:
@@ -116,8 +124,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def redacted(self) -> dict[str, Any]:
         """Every setting as plain data, secret masked; safe to log or print."""
         out = msgspec.structs.asdict(self)
-        if out["s3_secret_key"] is not None:
-            out["s3_secret_key"] = "********"
+        for key in ("s3_secret_key", "auth_keys", "token"):
+            if out[key] is not None:
+                out[key] = "********"
         return out
 
 
@@ -206,6 +215,13 @@ def _dir(value: Any) -> str:
     return str(Path(s).expanduser().absolute())
 
 
+def _file(value: Any) -> str:
+    s = _text(value)
+    if not s:
+        raise ValueError("expected a file path")
+    return str(Path(s).expanduser().absolute())
+
+
 def _token(value: Any) -> str:
     s = _text(value)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", s):
@@ -267,6 +283,10 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "min_append_rate": _int(0, "expected a number of bytes per second (0 disables)"),
     "log_format": _choice("auto", "json", "console"),
     "log_level": _choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True),
+    "auth_keys": _secret,
+    "auth_keys_file": _file,
+    "auth_audience": _token,
+    "token": _secret,
 }
 assert set(_PARSERS) == set(Settings.__struct_fields__), "every setting needs a parser"
 
@@ -283,7 +303,7 @@ def _parse(key: str, value: Any, source: str) -> Any:
     try:
         return _PARSERS[key](value)
     except ValueError as exc:
-        shown = "<hidden>" if key == "s3_secret_key" else repr(value)
+        shown = "<hidden>" if key in ("s3_secret_key", "auth_keys", "token") else repr(value)
         raise ConfigError(f"{source}: {exc}, got {shown}") from None
 
 

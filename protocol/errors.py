@@ -120,6 +120,8 @@ BadRequest = _BY_STATUS[Status.BAD_REQUEST]
 Unavailable = _BY_STATUS[Status.UNAVAILABLE]
 Aborted = _BY_STATUS[Status.ABORTED]
 CommitUnknown = _BY_STATUS[Status.COMMIT_UNKNOWN]
+Unauthorized = _BY_STATUS[Status.UNAUTHORIZED]
+Forbidden = _BY_STATUS[Status.FORBIDDEN]
 """The append's commit was sent but its outcome is unknown: it may or may not have
 landed (an indefinite failure). Raised for a COMMIT_UNKNOWN answer and by the client
 when the connection is lost or times out after it sent the commit."""

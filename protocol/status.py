@@ -41,6 +41,13 @@ class Status(enum.IntEnum):
     """The journal is suspended."""
     FRAGMENT_STORE_UNHEALTHY = 15
     """The journal's primary fragment store fails its health checks."""
+    # Auth (protocol/auth.py, docs/security.md): codes 30-39.
+    UNAUTHORIZED = 30
+    """The connection's token is missing, malformed, expired or wrongly signed (refused
+    at the Hello, before any request is read)."""
+    FORBIDDEN = 31
+    """The token is valid but lacks the capability, or the journal is out of its scope;
+    the message names both."""
     # quire additions (beyond Gazette's codes) start at 64 so they never collide.
     BAD_REQUEST = 64
     """A request failed validation (the message names the field)."""

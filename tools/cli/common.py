@@ -8,7 +8,7 @@ Exit codes (one per class of failure, so scripts can branch on them):
     3   not found (JOURNAL_NOT_FOUND, a missing file)
     4   conflict: a precondition did not hold (ETCD_TRANSACTION_FAILED,
         WRONG_APPEND_OFFSET, REGISTER_MISMATCH, INDEX_HAS_GREATER_OFFSET, PROPOSAL_MISMATCH)
-    5   not allowed (NOT_ALLOWED, SUSPENDED)
+    5   not allowed (NOT_ALLOWED, SUSPENDED, UNAUTHORIZED, FORBIDDEN)
     6   unavailable: the cluster could not serve the request (UNAVAILABLE, no primary,
         insufficient brokers, wrong route, store unhealthy, connection refused)
     7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config)
@@ -59,6 +59,8 @@ _STATUS_EXIT = {
     Status.BAD_REQUEST: EXIT_INVALID,
     Status.OFFSET_NOT_YET_AVAILABLE: EXIT_NOT_FOUND,
     Status.COMMIT_UNKNOWN: EXIT_OUTCOME_UNKNOWN,
+    Status.UNAUTHORIZED: EXIT_NOT_ALLOWED,
+    Status.FORBIDDEN: EXIT_NOT_ALLOWED,
 }
 
 

@@ -1,0 +1,56 @@
+"""`quire auth keygen` and `quire auth token`: make keys and capability tokens.
+
+    quire auth keygen > keys && chmod 600 keys
+    QUIRE_AUTH_KEYS_FILE=keys quire auth token --cap append,read --prefix team-a/ --ttl 1h
+
+The token goes to stdout alone (so `export QUIRE_TOKEN=$(quire auth token …)` works);
+it is never logged. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import os
+from typing import Optional
+
+import typer
+
+from protocol.auth import Scope, load_keyring, parse_caps
+from protocol.config import load_settings
+from protocol.spec import parse_duration
+
+from .common import CliError, EXIT_INVALID
+
+app = typer.Typer(help="Capability tokens: make signing keys and mint tokens.", no_args_is_help=True)
+
+
+@app.command("keygen")
+def keygen(size: int = typer.Option(32, "--bytes", min=32, max=128,
+                                    help="Key size in bytes (HS256 needs at least 32).")) -> None:
+    """Print a new random base64 signing key."""
+    typer.echo(base64.b64encode(os.urandom(size)).decode())
+
+
+@app.command("token")
+def token(cap: str = typer.Option(..., "--cap", help="Capabilities, comma-separated: "
+                                  "append, read, list, apply, replicate, shards."),
+          prefix: list[str] = typer.Option([], "--prefix", help="A `/`-terminated journal "
+                                            "prefix, an exact journal name, or `*` (repeatable)."),
+          selector: Optional[str] = typer.Option(None, "--selector", help="A label selector "
+                                                 "the journals must match, e.g. 'team=a'."),
+          ttl: str = typer.Option("1h", "--ttl", help="Lifetime: 90s, 10m, 1h, 7d (at most 7d)."),
+          subject: Optional[str] = typer.Option(None, "--subject", help="Who holds it "
+                                                "(logged on refusals; default: your user name)."),
+          keys_file: Optional[str] = typer.Option(None, "--keys-file", help="Signing keys file "
+                                                  "(default: QUIRE_AUTH_KEYS / QUIRE_AUTH_KEYS_FILE).")) -> None:
+    """Mint a token signed with the first configured key."""
+    s = load_settings({"auth_keys_file": keys_file} if keys_file else None)
+    keys = s.auth_keys.reveal() if s.auth_keys is not None and not keys_file else None
+    ring = load_keyring(keys, s.auth_keys_file, s.auth_audience)
+    if ring is None:
+        raise CliError("no signing keys: set QUIRE_AUTH_KEYS, QUIRE_AUTH_KEYS_FILE or --keys-file "
+                       "(make one with `quire auth keygen`)", EXIT_INVALID)
+    scope = Scope.of(prefix, selector)
+    seconds = parse_duration(ttl, "--ttl")
+    typer.echo(ring.mint(parse_caps(cap), scope, seconds, subject or getpass.getuser()))
