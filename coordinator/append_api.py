@@ -21,6 +21,7 @@ from protocol import (
     HelloAck,
     Status,
 )
+from protocol.auth import Capability
 from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
@@ -120,7 +121,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
         fsm = AppendFSM(broker, req, source)
         state = await fsm.run()
         if state is State.PROXY:
-            return await proxy_append(conn, req, fsm.res, source)
+            return await proxy_append(conn, req, fsm.res, source, _peer_auth(broker, req.journal))
         res = fsm.res
         ok = state is State.FINISHED
         resp = AppendResponse(
@@ -142,8 +143,17 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
         _in_flight -= 1
 
 
-async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource) -> bool:  # noqa: ANN001
-    """Forward the append to the primary, with our resolution as its header."""
+def _peer_auth(broker: object, journal: str) -> dict:
+    peer_auth = getattr(broker, "peer_auth", None)
+    return peer_auth(Capability.APPEND, journal) if peer_auth is not None else {}
+
+
+async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource,  # noqa: ANN001
+                       peer: dict | None = None) -> bool:
+    """Forward the append to the primary, with our resolution as its header, presenting
+    our own derived APPEND token for the journal (`peer`: Host.peer_auth), never the
+    client's."""
+    peer = peer or {}
     endpoint = res.route.primary_endpoint
     upstream: FrameStream | None = None
     forwarded = 0  # content bytes forwarded: a zero-byte append (a barrier) commits nothing
@@ -151,8 +161,8 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
     # the primary may have committed: the answer is COMMIT_UNKNOWN, not UNAVAILABLE.
     commit_sent = False
     try:
-        upstream = await FrameStream.connect(endpoint, timeout=5.0)
-        await upstream.send(Hello())
+        upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
+        await upstream.send(Hello(token=peer.get("token", "")))
         async with asyncio.timeout(5.0):
             await upstream.read_message(HelloAck)
         upstream.write(AppendRequest(

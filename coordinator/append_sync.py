@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from protocol import LabelSet, Status
+from protocol.auth import Capability
 from protocol.errors import QuireError
 
 from .append_rules import Decision, State, decide_acquired, decide_assignments, decide_start, decide_sync
@@ -84,7 +85,10 @@ class PipelineSyncStates:
             replica.spool_lock.release()
             return self._go(State.RESOLVE)
         try:
-            self.pipeline = await Pipeline.open(replica, self.res.header, self.broker.me)
+            peer_auth = getattr(self.broker, "peer_auth", None)
+            self.pipeline = await Pipeline.open(
+                replica, self.res.header, self.broker.me,
+                **(peer_auth(Capability.REPLICATE, replica.journal) if peer_auth else {}))
         except PipelineBroken as exc:
             replica.spool_lock.release()
             return self._fail(Status.UNAVAILABLE, str(exc))

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any
+
+from protocol.auth import Capability, Keyring
 
 from protocol import Fragment, ProcessId, Route, Suspend
 from protocol.logs import get_logger
 
 from . import metrics
+from .auth_gate import PeerTokens
 from .recovery import RecoveredFragments, read_heads, scan_spool_dir
 from .replica import LocalPersister, Persister, Replica
 from .spool import DiskFiles
@@ -42,6 +46,12 @@ class ServerConfig:
     advertise: str | None = None
     """host:port peers and clients are told to use (e.g. a proxy in front of us);
     defaults to `listen`."""
+    keyring: Keyring | None = None
+    """Auth on when set: tokens are checked at every RPC entry (auth_gate.py)."""
+    server_ssl: SSLContext | None = None
+    """Serve TLS (mTLS when it requires client certificates)."""
+    peer_ssl: SSLContext | None = None
+    """The client context for hops to peers (replicate, proxies) when they serve TLS."""
 
     @property
     def endpoint(self) -> str:
@@ -70,6 +80,7 @@ class Host:
         self.topology: Any = None
         """The etcd side (hosting.Hosting), attached by the server."""
         self.keyspace = None  # set once connected
+        self.peer_tokens = PeerTokens(cfg.keyring, f"peer:{self.me}", cfg.peer_ssl)
         self._appends = 0
         self._appends_idle = asyncio.Event()
         self._appends_idle.set()
@@ -79,6 +90,11 @@ class Host:
 
     async def resolve(self, journal: str, min_revision: int = 0):  # noqa: ANN201
         return await self.topology.resolver.resolve(journal, min_revision=min_revision)
+
+    def peer_auth(self, cap: Capability, journal: str) -> dict[str, Any]:
+        """`token` and `ssl` for a hop to a peer on behalf of `journal` (a derived token:
+        the client's is never forwarded)."""
+        return {"token": self.peer_tokens.token(cap, journal), "ssl": self.cfg.peer_ssl}
 
     def replica(self, journal: str) -> Replica:
         r = self.replicas.get(journal)

@@ -27,6 +27,11 @@ def command(
     no_allocator: bool = typer.Option(False, "--no-allocator", help="Do not run the allocator here."),
     log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: Optional[str] = typer.Option(None, "--log-level"),
+    auth_keys_file: Optional[str] = typer.Option(None, "--auth-keys-file", help="Token signing keys, one base64 key per line (chmod 600); auth is on when keys are configured (also QUIRE_AUTH_KEYS)."),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Serve TLS with this PEM certificate (also QUIRE_TLS_CERT)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),
+    tls_ca: Optional[str] = typer.Option(None, "--tls-ca", help="PEM CA bundle peers are verified by."),
+    tls_client_auth: Optional[bool] = typer.Option(None, "--tls-client-auth/--no-tls-client-auth", help="Require client certificates (mTLS) on every connection."),
 ) -> None:
     from protocol.config import load_settings
     from protocol.logs import configure_logging
@@ -38,8 +43,11 @@ def command(
                        "journal_limit": journal_limit,
                        "lease_ttl_seconds": int(lease_ttl) if lease_ttl is not None else None,
                        "min_append_rate": min_append_rate,
-                       "log_format": log_format, "log_level": log_level})
+                       "log_format": log_format, "log_level": log_level,
+                       "auth_keys_file": auth_keys_file, "tls_cert": tls_cert, "tls_key": tls_key,
+                       "tls_ca": tls_ca, "tls_client_auth": tls_client_auth})
     configure_logging(s.log_format, s.log_level)
+    keyring, server_ssl, peer_ssl = _security(s)
     cfg = ServerConfig(zone=s.zone, suffix=s.broker_id, listen=s.listen, etcd_url=s.etcd_url,
                        root=s.etcd_root, spool_dir=s.spool_dir,
                        redis_url=redis,  # only when asked: without it appends and reads still work
@@ -47,7 +55,8 @@ def command(
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
                        drain_timeout=drain_timeout, run_allocator=not no_allocator,
-                       advertise=_checked_endpoint(advertise))
+                       advertise=_checked_endpoint(advertise),
+                       keyring=keyring, server_ssl=server_ssl, peer_ssl=peer_ssl)
     persister = None
     if redis:
         persister = _celery_persister(redis)
@@ -69,6 +78,32 @@ def command(
         await server.run()
 
     runner(main())
+
+
+def _security(s):  # noqa: ANN001, ANN202
+    """Keyring (None: auth off) and the TLS contexts (None: plain TCP) from settings."""
+    from protocol.auth import settings_keyring
+    from protocol.errors import ValidationError
+    from protocol.logs import get_logger
+    from protocol.tls import client_context, server_context
+
+    try:
+        keyring = settings_keyring(s)
+        server_ssl = peer_ssl = None
+        if s.tls_cert:
+            if not s.tls_key:
+                raise ValidationError("tls_key", "--tls-cert needs --tls-key")
+            server_ssl = server_context(s.tls_cert, s.tls_key, s.tls_ca, s.tls_client_auth)
+            # Peers serve TLS too: verify them by the CA, present our certificate (mTLS).
+            peer_ssl = client_context(s.tls_ca, s.tls_cert, s.tls_key) if s.tls_ca else None
+            if peer_ssl is None:
+                raise ValidationError("tls_ca", "a TLS coordinator needs --tls-ca to verify its peers")
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    get_logger(__name__).info("security", auth="on" if keyring else "off",
+                              tls="mtls" if s.tls_client_auth and server_ssl else
+                              "on" if server_ssl else "off")
+    return keyring, server_ssl, peer_ssl
 
 
 def _celery_persister(redis_url: str):  # noqa: ANN202

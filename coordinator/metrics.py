@@ -14,6 +14,9 @@ PIPELINE_REBUILDS = Counter("quire_pipeline_rebuilds_total", "Replication pipeli
 SPOOL_BYTES = Gauge("quire_spool_bytes", "Committed bytes in open spools plus closed local fragments.")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
+AUTH_REFUSALS = Counter("quire_auth_refusals_total",
+                        "Connections (unauthorized: bad token) and requests (forbidden: "
+                        "capability or scope) refused by the auth gate.", ["reason", "capability"])
 APPENDS_ABORTED = Counter("quire_appends_aborted_total",
                           "Appends rolled back (client abort, disconnect, timeout, too slow).", ["reason"])
 

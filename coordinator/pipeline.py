@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
+from ssl import SSLContext
 
 from protocol.logs import get_logger
 from protocol import (
@@ -69,15 +70,18 @@ class Pipeline:
                              revision=header.etcd.revision)
 
     @classmethod
-    async def open(cls, replica: Replica, header: Header, me: ProcessId) -> Pipeline:
-        """Connect to every peer; the caller already holds replica.spool_lock."""
+    async def open(cls, replica: Replica, header: Header, me: ProcessId, *, token: str = "",
+                   ssl: SSLContext | None = None) -> Pipeline:
+        """Connect to every peer; the caller already holds replica.spool_lock. `token`:
+        this coordinator's derived REPLICATE token for the journal (auth_gate.py); a
+        peer that refuses it fails the pipeline (closed, never open without auth)."""
         route = header.route
         streams: list[tuple[ProcessId, FrameStream]] = []
         try:
             for pid, endpoint in route.peers(me):
-                stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT)
+                stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT, ssl=ssl)
                 streams.append((pid, stream))
-                await stream.send(Hello())
+                await stream.send(Hello(token=token))
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     await stream.read_message(HelloAck)
         except (OSError, asyncio.TimeoutError, ProtocolError) as exc:

@@ -26,6 +26,7 @@ from protocol import (
     ReadResponse,
     Status,
 )
+from protocol.auth import Capability
 from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
@@ -51,7 +52,9 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
         if req.do_not_proxy or not res.route.endpoints:
             await conn.send(ReadResponse(status=Status.NOT_JOURNAL_BROKER, header=res.header))
             return True
-        return await proxy_read(conn, req, res)
+        peer_auth = getattr(broker, "peer_auth", None)
+        return await proxy_read(conn, req, res,
+                                peer_auth(Capability.READ, req.journal) if peer_auth else None)
     replica = broker.replica(req.journal)
     # A client that goes away while we block must not leave us waiting forever: the
     # connection carries nothing else during a read, so any byte or EOF ends it.
@@ -139,13 +142,15 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
     return not (req.end_offset and offset >= req.end_offset)
 
 
-async def proxy_read(conn: FrameStream, req: ReadRequest, res) -> bool:  # noqa: ANN001
+async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
+    """Forward to a member with our derived READ token (`peer`: Host.peer_auth)."""
     # Any member will do; one that is down (its lease not yet expired) is skipped.
+    peer = peer or {}
     upstream: FrameStream | None = None
     for endpoint in [e for e in res.route.endpoints if e]:
         try:
-            upstream = await FrameStream.connect(endpoint, timeout=5.0)
-            await upstream.send(Hello())
+            upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
+            await upstream.send(Hello(token=peer.get("token", "")))
             async with asyncio.timeout(5.0):
                 await upstream.read_message(HelloAck)
             break

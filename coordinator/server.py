@@ -27,6 +27,7 @@ from protocol import (
     Fragment,
     Hello,
     HelloAck,
+    LabelSet,
     ListBrokersRequest,
     ListBrokersResponse,
     ListFragmentsRequest,
@@ -39,10 +40,12 @@ from protocol import (
     Status,
     Suspend,
 )
-from protocol.errors import ProtocolError, QuireError, ValidationError
+from protocol.auth import TokenError, authorize_apply
+from protocol.errors import Forbidden, ProtocolError, QuireError, ValidationError
 from protocol.stream import FrameStream
 
 from .append_api import serve_append
+from .auth_gate import REFUSAL_RESPONSE, ConnAuth, Gate, refusal_response
 from .drain import drain, record_heads
 from .host import Host, ServerConfig
 from .hosting import Hosting
@@ -81,6 +84,7 @@ class Server(Host):
         self.port = 0
         self._conns: set[asyncio.Task[None]] = set()
         self._withdrawn = False
+        self.gate = Gate(cfg.keyring)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -96,7 +100,10 @@ class Server(Host):
         async with self.topology.connected():
             self.keyspace = self.topology.keyspace
             server = await asyncio.start_server(self._accept, host or "127.0.0.1", int(port),
-                                                limit=1 << 21, backlog=1024)
+                                                limit=1 << 21, backlog=1024,
+                                                ssl=self.cfg.server_ssl,
+                                                ssl_handshake_timeout=HELLO_TIMEOUT
+                                                if self.cfg.server_ssl else None)
             self.port = server.sockets[0].getsockname()[1]
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -160,6 +167,12 @@ class Server(Host):
             frame = await conn.read()
         if not isinstance(frame.message, Hello):
             raise ProtocolError(f"expected Hello, got {type(frame.message).__name__}")
+        try:
+            auth = self.gate.admit(frame.message.token, conn.peer)
+        except TokenError as exc:
+            # Before any request is read: a bad token costs one verify and one frame.
+            await conn.send_error(f"token refused: {exc}", Status.UNAUTHORIZED)
+            return
         await conn.send(HelloAck(process_id=self.me))
         while not self._withdrawn:
             try:
@@ -168,10 +181,23 @@ class Server(Host):
                 if type(exc).__name__ == "ConnectionClosed":
                     return
                 raise
-            if not await self._dispatch(conn, frame.message, frame.payload):
+            if not await self._dispatch(conn, frame.message, frame.payload, auth):
                 return
 
-    async def _dispatch(self, conn: FrameStream, msg: object, payload: bytes | memoryview) -> bool:
+    def _labels_of(self, journal: str) -> LabelSet | None:
+        entry = self.keyspace.journals.get(journal) if self.keyspace is not None else None
+        return entry.spec.labels if entry is not None else None
+
+    async def _dispatch(self, conn: FrameStream, msg: object, payload: bytes | memoryview,
+                        auth: ConnAuth) -> bool:
+        # The one auth check (auth_gate.py): every RPC, before its handler runs. Apply's
+        # per-change check needs the specs in etcd and runs in _apply.
+        if auth.on and type(msg) in REFUSAL_RESPONSE:
+            refusal = auth.check(msg, self._labels_of)
+            if refusal is not None:
+                answer, keep = refusal_response(msg, refusal)
+                await conn.send(answer)
+                return keep
         if isinstance(msg, AppendRequest):
             if self.stopping.is_set():
                 # Draining: the spools it leads are being rolled for exit. The client
@@ -194,26 +220,35 @@ class Server(Host):
         if isinstance(msg, ListFragmentsRequest):
             return await serve_list_fragments(self, conn, msg)
         if isinstance(msg, ListRequest):
-            return await self._list(conn, msg)
+            return await self._list(conn, msg, auth)
         if isinstance(msg, ApplyRequest):
-            return await self._apply(conn, msg)
+            return await self._apply(conn, msg, auth)
         if isinstance(msg, ListBrokersRequest):
             return await self._list_brokers(conn)
         raise ProtocolError(f"unexpected {type(msg).__name__} at the start of an RPC")
 
-    async def _list(self, conn: FrameStream, req: ListRequest) -> bool:
+    async def _list(self, conn: FrameStream, req: ListRequest, auth: ConnAuth) -> bool:
         from .specs import list_specs
 
         entries = await list_specs(self.topology.client, self.cfg.root, req.selector)
+        # Out-of-scope journals are not listed (Gazette: List filters by the claims).
+        entries = [e for e in entries if auth.visible(e.spec.name, e.spec.labels)]
         await conn.send(ListResponse(header=self.topology.resolver._header(Route()),
                                      journals=tuple(entries)))
         return True
 
-    async def _apply(self, conn: FrameStream, req: ApplyRequest) -> bool:
+    async def _apply(self, conn: FrameStream, req: ApplyRequest, auth: ConnAuth) -> bool:
         from .specs import apply_specs
 
+        guard = None
+        if auth.on:
+            def guard(changes):  # noqa: ANN001, ANN202 - (name, current, new) per change
+                refusal = authorize_apply(auth.claims, changes)
+                if refusal is not None:
+                    auth.refused(refusal, "ApplyRequest")
+                    raise Forbidden(refusal.message)
         try:
-            rev = await apply_specs(self.topology.client, self.cfg.root, req.changes)
+            rev = await apply_specs(self.topology.client, self.cfg.root, req.changes, guard)
         except ValidationError as exc:
             await conn.send(ApplyResponse(status=Status.BAD_REQUEST, message=str(exc)))
             return True

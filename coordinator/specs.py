@@ -9,7 +9,7 @@ other. Values are msgspec JSON, readable with `etcdctl get --prefix <root>/journ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aetcd
 import msgspec
@@ -63,10 +63,20 @@ def validate_changes(changes: Sequence[ApplyChange]) -> None:
         seen.add(name)
 
 
-async def apply_specs(client: aetcd.Client, root: str, changes: Sequence[ApplyChange]) -> int:
-    """Apply all changes atomically; returns the etcd revision of the write."""
+Guard = Callable[[list[tuple[str, JournalSpec | None, JournalSpec | None]]], None]
+
+
+async def apply_specs(client: aetcd.Client, root: str, changes: Sequence[ApplyChange],
+                      guard: Guard | None = None) -> int:
+    """Apply all changes atomically; returns the etcd revision of the write.
+
+    `guard` (auth) is shown each change as (name, current spec, new spec) and raises to
+    refuse; the transaction is then pinned to the revisions the current specs were read
+    at, so what was authorized is exactly what is replaced."""
     validate_changes(changes)
     compares, ops = [], []
+    if guard is not None:
+        compares = await _guarded(client, root, changes, guard)
     for ch in changes:
         name = ch.upsert.name if ch.upsert is not None else ch.delete
         key = journal_key(root, name)
@@ -83,6 +93,27 @@ async def apply_specs(client: aetcd.Client, root: str, changes: Sequence[ApplyCh
         raise EtcdTransactionFailed(
             f"a journal's revision differs from the expected one (etcd revision {result.revision})")
     return result.revision
+
+
+async def _guarded(client: aetcd.Client, root: str, changes: Sequence[ApplyChange],
+                   guard: Guard) -> list:
+    names = [ch.upsert.name if ch.upsert is not None else ch.delete for ch in changes]
+    result = await txn(client, [], [range_op(journal_key(root, n)) for n in names])
+    seen, pins = [], []
+    for name, ch, resp in zip(names, changes, result.responses):
+        kvs = resp.response_range.kvs
+        current = None
+        if kvs:
+            try:
+                current = msgspec.json.decode(kvs[0].value, type=JournalSpec)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                current = None  # unreadable: authorized by name alone
+            pins.append(cmp_mod(journal_key(root, name), kvs[0].mod_revision))
+        else:
+            pins.append(cmp_version(journal_key(root, name), 0))
+        seen.append((name, current, ch.upsert))
+    guard(seen)
+    return pins
 
 
 async def list_specs(client: aetcd.Client, root: str,

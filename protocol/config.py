@@ -103,6 +103,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     auth_audience: str = "quire"
     token: Secret | None = None
     """The capability token this process presents (QUIRE_TOKEN)."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) a coordinator serves TLS with, and presents to peers."""
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    """PEM CA bundle clients and peers verify coordinators by; on coordinators, also the
+    CA peer (client) certificates must chain to when tls_client_auth is on."""
+    tls_client_auth: bool = False
+    """Coordinators require a client certificate (mTLS) on every connection."""
 
     @property
     def etcd_host_port(self) -> tuple[str, int]:
@@ -287,6 +295,10 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "auth_keys_file": _file,
     "auth_audience": _token,
     "token": _secret,
+    "tls_cert": _file,
+    "tls_key": _file,
+    "tls_ca": _file,
+    "tls_client_auth": _bool,
 }
 assert set(_PARSERS) == set(Settings.__struct_fields__), "every setting needs a parser"
 

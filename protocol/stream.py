@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl as ssl_module
 from typing import TypeVar
 
 from .errors import ProtocolError
@@ -60,10 +61,14 @@ class FrameStream:
                     pass
 
     @classmethod
-    async def connect(cls, endpoint: str, timeout: float = 10.0) -> FrameStream:
+    async def connect(cls, endpoint: str, timeout: float = 10.0,
+                      ssl: ssl_module.SSLContext | None = None) -> FrameStream:
+        """Connect (over TLS when given a client `ssl` context: protocol/tls.py)."""
         host, _, port = endpoint.rpartition(":")
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host or "127.0.0.1", int(port), limit=1 << 21)
+            reader, writer = await asyncio.open_connection(
+                host or "127.0.0.1", int(port), limit=1 << 21, ssl=ssl,
+                ssl_handshake_timeout=timeout if ssl is not None else None)
         return cls(reader, writer)
 
     @property

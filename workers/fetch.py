@@ -15,7 +15,9 @@ one seamless stream (the store verifies the sum at the end).
 
 from __future__ import annotations
 
+import functools
 import socket
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 
@@ -57,10 +59,25 @@ class Throttle:
             time.sleep(ahead)
 
 
+@functools.lru_cache(maxsize=1)
+def _security() -> tuple[str, ssl.SSLContext | None]:
+    """The token (QUIRE_TOKEN: READ on the journals persisted) and TLS context
+    (QUIRE_TLS_CA) this worker presents to coordinators; docs/security.md."""
+    from protocol.auth import settings_token
+    from protocol.config import load_settings
+    from protocol.tls import settings_client_ssl
+
+    s = load_settings()
+    return settings_token(s), settings_client_ssl(s)
+
+
 class _Conn:
     def __init__(self, endpoint: str, timeout: float) -> None:
         host, _, port = endpoint.rpartition(":")
         self.sock = socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout)
+        ctx = _security()[1]
+        if ctx is not None:
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=host or "127.0.0.1")
         self.sock.settimeout(timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -102,7 +119,7 @@ def _stream_one(endpoint: str, fragment: Fragment, skip: int, timeout: float,
                 throttle: Throttle) -> Iterator[bytes]:
     conn = _Conn(endpoint, timeout)
     try:
-        conn.send(Hello())
+        conn.send(Hello(token=_security()[0]))
         ack, _ = conn.read()
         _expect(ack, HelloAck)
         conn.send(FetchFragmentRequest(fragment=fragment))

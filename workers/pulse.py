@@ -21,7 +21,9 @@ from typing import Any
 from quire.client.client import Client
 from protocol.logs import bind, get_logger
 from protocol import Status, SuspendLevel
+from protocol.auth import settings_token
 from protocol.errors import StatusError
+from protocol.tls import settings_client_ssl
 from workers import common
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, JournalUnknown, PulseFailed
@@ -44,7 +46,8 @@ async def _pulse(journal: str) -> dict[str, Any]:
     if not jt.endpoints:
         raise PulseFailed(f"journal {journal} has no assigned coordinator yet")
     client = Client(list(jt.endpoints), connect_timeout=min(5.0, ws.io_timeout),
-                    rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout)
+                    rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout,
+                    token=settings_token(s), ssl=settings_client_ssl(s))
     try:
         result = await asyncio.wait_for(
             client.append(journal, b"", suspend="no-resume"), ws.io_timeout * 2)

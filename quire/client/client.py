@@ -24,7 +24,9 @@ Every other non-OK status becomes the StatusError subclass of that status.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from ssl import SSLContext
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -83,11 +85,23 @@ def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
 class Client:
     def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
                  rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
-                 max_idle: int = 8) -> None:
+                 max_idle: int = 8, token: str | None = None,
+                 ssl: SSLContext | None = None) -> None:
+        """`token`: the capability token every connection presents (default
+        $QUIRE_TOKEN; docs/security.md). `ssl`: a client context for coordinators that
+        serve TLS (protocol.tls.client_context; default from $QUIRE_TLS_CA, if set)."""
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        if token is None:
+            token = os.environ.get("QUIRE_TOKEN", "")
+        if ssl is None and os.environ.get("QUIRE_TLS_CA"):
+            from protocol.tls import client_context
+
+            ssl = client_context(os.environ["QUIRE_TLS_CA"], os.environ.get("QUIRE_TLS_CERT"),
+                                 os.environ.get("QUIRE_TLS_KEY"))
         self.routes = RouteCache(list(endpoints))
-        self.pool = ConnectionPool(connect_timeout=connect_timeout, max_idle=max_idle)
+        self.pool = ConnectionPool(connect_timeout=connect_timeout, max_idle=max_idle,
+                                   token=token, ssl=ssl)
         self.rpc_timeout = rpc_timeout
         self.retry_timeout = retry_timeout
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from ssl import SSLContext
 
 from protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
 from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
@@ -28,14 +29,16 @@ class Connection:
         self.broken = False
 
     @classmethod
-    async def open(cls, endpoint: str, timeout: float) -> Connection:
+    async def open(cls, endpoint: str, timeout: float, token: str = "",
+                   ssl: SSLContext | None = None) -> Connection:
+        """Connect and say Hello, presenting `token` (a refused one raises Unauthorized)."""
         try:
-            stream = await FrameStream.connect(endpoint, timeout=timeout)
+            stream = await FrameStream.connect(endpoint, timeout=timeout, ssl=ssl)
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             raise Unavailable(f"cannot connect to {endpoint}: {exc or type(exc).__name__}") from exc
         conn = cls(endpoint, stream)
         try:
-            await asyncio.wait_for(stream.send(Hello(version=PROTOCOL_VERSION)), timeout)
+            await asyncio.wait_for(stream.send(Hello(version=PROTOCOL_VERSION, token=token)), timeout)
             frame = await asyncio.wait_for(stream.read(), timeout)
         except (ProtocolError, OSError, asyncio.TimeoutError) as exc:
             conn.abort()
@@ -110,8 +113,11 @@ class Connection:
 class ConnectionPool:
     """Idle connections per endpoint, at most `max_idle` kept per endpoint."""
 
-    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 8) -> None:
+    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 8, token: str = "",
+                 ssl: SSLContext | None = None) -> None:
         self.connect_timeout = connect_timeout
+        self.token = token
+        self.ssl = ssl
         self.max_idle = max_idle
         self._idle: dict[str, list[Connection]] = {}
         self._closed = False
@@ -125,7 +131,7 @@ class ConnectionPool:
             if not conn.stale:
                 return conn
             conn.abort()
-        return await Connection.open(endpoint, self.connect_timeout)
+        return await Connection.open(endpoint, self.connect_timeout, self.token, self.ssl)
 
     def release(self, conn: Connection) -> None:
         if conn.broken or self._closed:

@@ -41,9 +41,9 @@ class Conn:
         self.s = stream
 
     @classmethod
-    async def open(cls, endpoint: str) -> Conn:
-        s = await FrameStream.connect(endpoint, timeout=5.0)
-        await s.send(Hello())
+    async def open(cls, endpoint: str, token: str = "", ssl=None) -> Conn:  # noqa: ANN001
+        s = await FrameStream.connect(endpoint, timeout=5.0, ssl=ssl)
+        await s.send(Hello(token=token))
         await asyncio.wait_for(s.read_message(HelloAck), 5.0)
         return cls(s)
 
@@ -121,6 +121,10 @@ class Cluster:
     workdir: str
     nodes: list[Node] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    token: str = ""
+    """Presented by wait_listening when the coordinators have auth on."""
+    ssl: object = None
+    """A client SSLContext when the coordinators serve TLS."""
 
     def add(self, zone: str, suffix: str) -> Node:
         port = free_port()
@@ -142,7 +146,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                c = await Conn.open(node.endpoint)
+                c = await Conn.open(node.endpoint, self.token, self.ssl)
                 await c.close()
                 return
             except (OSError, asyncio.TimeoutError, Exception):  # noqa: BLE001
@@ -175,11 +179,12 @@ class Cluster:
             return ""
 
 
-async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0) -> AppendResponse:
+async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0,
+                          token: str = "", ssl=None) -> AppendResponse:  # noqa: ANN001
     """Zero-byte appends until one succeeds (the allocator and pulse need a moment)."""
     deadline = time.monotonic() + timeout
     while True:
-        conn = await Conn.open(endpoint)
+        conn = await Conn.open(endpoint, token, ssl)
         try:
             resp = await conn.append(journal, [])
         except Exception:  # noqa: BLE001 - the broker answered early and closed

@@ -118,7 +118,8 @@ def broker_endpoints(ctx: typer.Context) -> list[str]:
 def make_client(ctx: typer.Context) -> Client:
     obj = ctx.find_root().obj or {}
     return Client(broker_endpoints(ctx), retry_timeout=obj.get("timeout", 10.0),
-                  connect_timeout=min(5.0, obj.get("timeout", 10.0)))
+                  connect_timeout=min(5.0, obj.get("timeout", 10.0)),
+                  token=obj.get("token") or os.environ.get("QUIRE_TOKEN") or None)
 
 
 def run(ctx: typer.Context, body: Callable[[Client], Coroutine[Any, Any, T]]) -> T:

@@ -76,8 +76,11 @@ def root(ctx: typer.Context,
                                     help="Coordinator host:port (comma-separated for several). "
                                          "Default 127.0.0.1:8080."),
          timeout: float = typer.Option(10.0, "--timeout",
-                                       help="Seconds to keep retrying an unreachable cluster.")) -> None:
-    ctx.obj = {"broker": broker, "timeout": timeout}
+                                       help="Seconds to keep retrying an unreachable cluster."),
+         token: str = typer.Option(None, "--token", envvar="QUIRE_TOKEN", show_envvar=False,
+                                   help="Capability token presented to coordinators "
+                                        "(default $QUIRE_TOKEN; see `quire auth token`).")) -> None:
+    ctx.obj = {"broker": broker, "timeout": timeout, "token": token}
 
 
 app.add_typer(journals.app, name="journals")
