@@ -1,0 +1,209 @@
+"""R=3 64 KiB appends with auth and TLS on, beside plain TCP, in the same run.
+
+    python -m bench.secure [--seconds 3] [--rounds 2] [--json OUT]
+
+    from bench.secure import secure_figures
+    fig = secure_figures(seconds=3.0)   # {"plain": {...}, "auth": {...}, "tls": {...}, "ratios": {...}}
+
+One etcd, three clusters of three coordinators each (different etcd roots) started
+side by side: `plain` (no auth, plain TCP), `auth` (capability tokens checked; peers
+present derived tokens), `tls` (tokens plus TLS with client certificates on every socket,
+mTLS between the coordinators). Each cluster gets one R=3 journal (codec none); the
+client drives its primary with 16 connections appending 64 KiB back to back. Phases
+alternate plain / auth / tls for `rounds` rounds, so load swings on a shared machine hit
+every variant alike; the figures are the best round of each, and the ratios compare
+them to plain. Tokens are checked once per connection (at Hello), so `auth` should cost
+next to nothing; TLS costs encryption of every byte on three hops (client → primary →
+two replicas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import shutil
+import ssl as ssl_module
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from bench.common import coordinator_argv, stop_processes, write_json
+from protocol import (
+    AppendChunk, AppendCommit, AppendRequest, AppendResponse, ApplyChange, ApplyRequest,
+    ApplyResponse, Codec, FragmentSpec, Hello, HelloAck, JournalSpec, ListRequest, ListResponse,
+    Status,
+)
+from protocol.auth import Capability, Keyring, Scope
+from protocol.stream import FrameStream
+from protocol.tls import client_context
+from tools.services import EtcdService, free_port
+from tools.tls_certs import make_local_ca
+
+__all__ = ["secure_figures", "main"]
+
+JOURNAL = "bench/secure"
+SIZE = 64 << 10
+CONNS = 16
+VARIANTS = ("plain", "auth", "tls")
+
+
+@dataclass
+class Variant:
+    name: str
+    endpoints: list[str]
+    token: str = ""
+    ssl: ssl_module.SSLContext | None = None
+    primary: str = ""
+    rounds: list[dict] = field(default_factory=list)
+
+
+async def _hello(v: Variant, endpoint: str) -> FrameStream:
+    s = await FrameStream.connect(endpoint, timeout=10.0, ssl=v.ssl)
+    await s.send(Hello(token=v.token))
+    await s.read_message(HelloAck)
+    return s
+
+
+async def _append(s: FrameStream, data: bytes) -> AppendResponse:
+    s.write(AppendRequest(journal=JOURNAL))
+    if data:
+        s.write(AppendChunk(), data)
+    s.write(AppendCommit())
+    await s.drain()
+    msg, _ = await s.read_message(AppendResponse)
+    return msg
+
+
+async def _prepare(v: Variant, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:  # the coordinators are starting
+        try:
+            s = await _hello(v, v.endpoints[0])
+            break
+        except (OSError, ssl_module.SSLError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    spec = JournalSpec(name=JOURNAL, replication=3,
+                       fragment=FragmentSpec(length=1 << 28, compression_codec=Codec.NONE))
+    await s.send(ApplyRequest(changes=(ApplyChange(upsert=spec, expect_mod_revision=-1),)))
+    await s.read_message(ApplyResponse)
+    while True:  # the route forms and the pipeline syncs
+        try:
+            if (await _append(s, b"")).status == Status.OK:
+                break
+        except Exception:  # noqa: BLE001 - answered early and closed: not ready yet
+            pass
+        await s.close()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{v.name}: the journal never became appendable")
+        await asyncio.sleep(0.1)
+        s = await _hello(v, v.endpoints[0])
+    await s.send(ListRequest())
+    listing, _ = await s.read_message(ListResponse)
+    await s.close()
+    route = next(e.route for e in listing.journals if e.spec.name == JOURNAL)
+    suffix = route.members[route.primary].suffix  # listed routes may omit endpoints
+    v.primary = v.endpoints[int(suffix.rpartition("-")[2])]
+
+
+async def _phase(v: Variant, seconds: float) -> dict:
+    data = os.urandom(SIZE)
+    streams = [await _hello(v, v.primary) for _ in range(CONNS)]
+    count = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(s: FrameStream) -> None:
+        nonlocal count
+        while time.monotonic() < stop:
+            r = await _append(s, data)
+            if r.status != Status.OK:
+                raise RuntimeError(f"{v.name}: append failed: {r.status.name} {r.message}")
+            count += 1
+
+    t0 = time.monotonic()
+    async with asyncio.TaskGroup() as tg:
+        for s in streams:
+            tg.create_task(worker(s))
+    elapsed = time.monotonic() - t0
+    for s in streams:
+        await s.close()
+    return {"appends": count, "seconds": round(elapsed, 2),
+            "mb_s": round(count * SIZE / elapsed / 1e6, 1), "load_avg_1m": os.getloadavg()[0]}
+
+
+async def _drive(variants: list[Variant], seconds: float, rounds: int) -> None:
+    for v in variants:
+        await _prepare(v)
+        await _phase(v, min(1.0, seconds))  # warm up
+    for _ in range(rounds):
+        for v in variants:
+            v.rounds.append(await _phase(v, seconds))
+
+
+def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
+    """Run the three clusters side by side; returns the figures (see the module doc)."""
+    work = tempfile.mkdtemp(prefix="quire-bench-secure-")
+    procs: list[subprocess.Popen] = []
+    try:
+        ca = make_local_ca(os.path.join(work, "tls"))
+        key = os.urandom(32)
+        keys = os.path.join(work, "keys")
+        with open(keys, "w") as f:
+            f.write(base64.b64encode(key).decode() + "\n")
+        os.chmod(keys, 0o600)
+        token = Keyring([key]).mint(Capability.APPEND | Capability.APPLY | Capability.LIST,
+                                    Scope.of(["bench/"]), 3600, "bench")
+        extra = {"plain": [], "auth": ["--auth-keys-file", keys],
+                 "tls": ["--auth-keys-file", keys, "--tls-cert", ca.cert, "--tls-key", ca.key,
+                         "--tls-ca", ca.ca, "--tls-client-auth"]}
+        variants = [Variant("plain", []), Variant("auth", [], token=token),
+                    Variant("tls", [], token=token, ssl=client_context(ca.ca, ca.cert, ca.key))]
+        with EtcdService("bench-secure-etcd") as etcd:
+            for v in variants:
+                for i in range(3):
+                    v.endpoints.append(f"127.0.0.1:{free_port()}")
+                    log = open(os.path.join(work, f"{v.name}-{i}.log"), "wb")  # noqa: SIM115
+                    procs.append(subprocess.Popen(
+                        coordinator_argv(zone=f"z{i % 2}", suffix=f"{v.name}-node-{i}",
+                                         listen=v.endpoints[-1], etcd_url=etcd.url,
+                                         root=f"/quire-bench-{v.name}",
+                                         spool_dir=os.path.join(work, f"spool-{v.name}-{i}"),
+                                         extra=extra[v.name]),
+                        stdout=log, stderr=subprocess.STDOUT))
+                    log.close()
+            asyncio.run(_drive(variants, seconds, rounds))
+    finally:
+        stop_processes(procs)
+        shutil.rmtree(work, ignore_errors=True)
+    out: dict = {"benchmark": "append_r3_64k_secure", "append_bytes": SIZE, "connections": CONNS,
+                 "rounds": rounds, "seconds_per_phase": seconds}
+    for v in variants:
+        best = max(v.rounds, key=lambda r: r["mb_s"])
+        out[v.name] = {**best, "all_mb_s": [r["mb_s"] for r in v.rounds]}
+    plain = out["plain"]["mb_s"] or 1.0
+    out["ratios"] = {f"{name}_vs_plain": round(out[name]["mb_s"] / plain, 2) for name in ("auth", "tls")}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.secure")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per phase")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args(argv)
+    fig = secure_figures(args.seconds, args.rounds)
+    for name in VARIANTS:
+        r = fig[name]
+        print(f"64 KiB appends, R=3, {CONNS} connections, {name:5s}: {r['mb_s']:7.1f} MB/s  "
+              f"(rounds {r['all_mb_s']}, load {r['load_avg_1m']:.1f})")
+    print(f"ratios: {fig['ratios']}")
+    write_json(args.json, fig)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
