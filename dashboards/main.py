@@ -41,11 +41,14 @@ def command(
         typer.echo(f"quire dashboard: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(s.log_format, s.log_level)
+    from protocol.auth import settings_keyring
+
+    keyring = settings_keyring(s)  # auth on for /api/state when the cluster's keys are set
     brokers = [b.strip() for b in (broker or "").split(",") if b.strip()]
 
     async def main() -> None:
         collector = StateCollector(s.etcd_url, s.etcd_root, brokers=brokers, timeout=timeout)
-        server = DashboardServer(collector, host.strip("[]"), int(port))
+        server = DashboardServer(collector, host.strip("[]"), int(port), keyring=keyring)
         await server.serve_forever()
 
     try:

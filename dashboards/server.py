@@ -1,7 +1,8 @@
 """A tiny asyncio HTTP/1.1 server for the live dashboard (stdlib only).
 
 Routes: `GET /` (the page), `/app.js`, `/style.css`, `/api/state` (JSON snapshot),
-`/healthz`. One request per connection (`Connection: close`), GET and HEAD only,
+`/healthz`, and `/login?token=…` when auth is on (access.py: `/api/state` then needs a
+token with LIST and shows only its journals). One request per connection (`Connection: close`), GET and HEAD only,
 request heads capped at 16 KiB: it serves a handful of operators' browsers, not traffic.
 """
 
@@ -15,6 +16,9 @@ from typing import Any
 
 import structlog
 
+from protocol.auth import Keyring
+
+from .access import Denied, login, request_token, require, visible_state
 from .state import StateCollector
 
 __all__ = ["DashboardServer"]
@@ -27,7 +31,8 @@ _STATIC = {
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/style.css": ("style.css", "text/css; charset=utf-8"),
 }
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 431: "Request Header Fields Too Large",
             500: "Internal Server Error"}
 MAX_HEAD = 16 * 1024
@@ -43,8 +48,10 @@ def _static(name: str) -> bytes:
 
 
 class DashboardServer:
-    def __init__(self, collector: StateCollector, host: str = "127.0.0.1", port: int = 8090) -> None:
+    def __init__(self, collector: StateCollector, host: str = "127.0.0.1", port: int = 8090,
+                 keyring: Keyring | None = None) -> None:
         self.collector = collector
+        self.keyring = keyring
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -75,16 +82,17 @@ class DashboardServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, ctype, body, head_only = await self._respond(reader)
+            status, ctype, body, head_only, *extra = await self._respond(reader)
         except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
             log.warning("dashboard request failed", error=repr(exc))
-            status, ctype, body, head_only = 500, "text/plain", b"internal error\n", False
+            status, ctype, body, head_only, extra = 500, "text/plain", b"internal error\n", False, []
         headers = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
                    f"Date: {formatdate(usegmt=True)}",
                    f"Content-Type: {ctype}",
                    f"Content-Length: {len(body)}",
                    "Cache-Control: no-store",
                    "X-Content-Type-Options: nosniff",
+                   *extra,
                    "Connection: close", "", ""]
         try:
             writer.write("\r\n".join(headers).encode("latin-1"))
@@ -100,7 +108,8 @@ class DashboardServer:
             except OSError:
                 pass
 
-    async def _respond(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes, bool]:
+    async def _respond(self, reader: asyncio.StreamReader) -> tuple:
+        """(status, content type, body, head only, extra header lines…)."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
         except TimeoutError:
@@ -122,8 +131,23 @@ class DashboardServer:
             body, ctype = self._files[path]
             return 200, ctype, body, head_only
         if path == "/api/state":
+            claims = None
+            if self.keyring is not None:
+                try:
+                    claims = require(self.keyring, request_token(head))
+                except Denied as exc:
+                    return _text(exc.status, str(exc))
             state = await self.collector.snapshot()
+            if claims is not None:
+                state = visible_state(state, claims)
             return 200, "application/json", _json(state), head_only
+        if path == "/login" and self.keyring is not None:
+            try:
+                cookie = login(self.keyring, target)
+            except Denied as exc:
+                return _text(exc.status, str(exc))
+            return (303, "text/plain; charset=utf-8", b"logged in\n", head_only,
+                    "Location: /", f"Set-Cookie: {cookie}")
         if path == "/healthz":
             return 200, "text/plain; charset=utf-8", b"ok\n", head_only
         return _text(404, "not found")
