@@ -33,7 +33,17 @@ from protocol import (
     ReplicateResponse,
     Status,
 )
-from protocol.auth import Capability, Claims, Keyring, PEER_TTL, Refusal, TokenError, authorize
+from protocol.auth import (
+    LEEWAY,
+    PEER_READ_TTL,
+    PEER_TTL,
+    Capability,
+    Claims,
+    Keyring,
+    Refusal,
+    TokenError,
+    authorize,
+)
 from protocol.logs import get_logger
 from protocol.messages import (
     AppendRequest,
@@ -86,6 +96,12 @@ class ConnAuth:
     @property
     def on(self) -> bool:
         return self.claims is not None
+
+    def remaining(self) -> float | None:
+        """Seconds until the token expires (with the clock-skew leeway); None: auth off."""
+        if self.claims is None:
+            return None
+        return self.claims.expires_at + LEEWAY - time.time()
 
     @property
     def subject(self) -> str:
@@ -157,6 +173,9 @@ class PeerTokens:
             return hit[0]
         if len(self._cache) > 4096:
             self._cache.clear()
-        tok = self.keyring.derive(self.subject, cap, journal)
-        self._cache[(cap, journal)] = (tok, now + PEER_TTL / 2)
+        # A proxied read may block for long and is cut when its token expires: it gets a
+        # longer-lived token (Gazette's 1 h); every other hop is checked once, at Hello.
+        ttl = PEER_READ_TTL if cap == Capability.READ else PEER_TTL
+        tok = self.keyring.derive(self.subject, cap, journal, ttl)
+        self._cache[(cap, journal)] = (tok, now + ttl / 2)
         return tok

@@ -193,6 +193,10 @@ class Server(Host):
         # The one auth check (auth_gate.py): every RPC, before its handler runs. Apply's
         # per-change check needs the specs in etcd and runs in _apply.
         if auth.on and type(msg) in REFUSAL_RESPONSE:
+            if (auth.remaining() or 0.0) <= 0:
+                # A pooled connection outlived its token: nothing more on it.
+                await conn.send_error("token expired", Status.UNAUTHORIZED)
+                return False
             refusal = auth.check(msg, self._labels_of)
             if refusal is not None:
                 answer, keep = refusal_response(msg, refusal)
@@ -212,7 +216,18 @@ class Server(Host):
             finally:
                 self.append_finished()
         if isinstance(msg, ReadRequest):
-            return await serve_read(self, conn, msg)
+            left = auth.remaining()
+            if left is None:
+                return await serve_read(self, conn, msg)
+            deadline = asyncio.timeout(left)
+            try:  # a (blocking) read ends when its token does; the client re-presents one
+                async with deadline:
+                    return await serve_read(self, conn, msg)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                log.info("read cut at token expiry", subject=auth.subject, journal=msg.journal)
+                return False
         if isinstance(msg, ReplicateProposal):
             return await serve_replicate(self, conn, msg)
         if isinstance(msg, FetchFragmentRequest):

@@ -71,6 +71,8 @@ MIN_KEY_BYTES = 32
 DEFAULT_AUDIENCE = "quire"
 PEER_TTL = 120.0
 """Lifetime of a token a coordinator derives for a peer hop (checked at the hop's Hello)."""
+PEER_READ_TTL = 3600.0
+"""Lifetime of a derived token for a proxied read, which is cut when its token expires."""
 
 
 class TokenError(QuireError):
@@ -235,10 +237,10 @@ class Keyring:
             claims["sel"] = str(scope.selector)
         return jwt.encode(claims, self._keys[0], algorithm=ALGORITHM)
 
-    def derive(self, subject: str, caps: Capability, journal: str) -> str:
+    def derive(self, subject: str, caps: Capability, journal: str, ttl: float = PEER_TTL) -> str:
         """A short-lived token scoped to exactly one journal, for a coordinator's hop to a
         peer (replicate, proxied append/read/fragments). A client token is never forwarded."""
-        return self.mint(caps, Scope((journal,)), PEER_TTL, subject)
+        return self.mint(caps, Scope((journal,)), ttl, subject)
 
     # -- verification ----------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from protocol import (
     Status,
 )
 from protocol.auth import Capability, Keyring, Scope, parse_caps
-from tools.services import etcd_prefix
+from tools.services import etcd_prefix, free_port
 
 from ..protocol.test_auth import docs_rpc_table
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
@@ -76,13 +76,16 @@ def _keys_file(workdir: str, *keys: bytes) -> str:
     return path
 
 
-def start_cluster(etcd, root: str, keys: list[list[bytes]], token: str) -> Cluster:  # noqa: ANN001
-    """One coordinator per entry of `keys` (its keyring)."""
+def start_cluster(etcd, root: str, keys: list[list[bytes]], token: str,  # noqa: ANN001
+                  metrics_port: int = 0) -> Cluster:
+    """One coordinator per entry of `keys` (its keyring); node-0 serves /metrics if asked."""
     c = Cluster(etcd.url, root, make_workdir(), token=token)
     for i in range(len(keys)):
         c.add(f"zone-{i % 2}", f"node-{i}")
-    for node, ring in zip(c.nodes, keys):
+    for i, (node, ring) in enumerate(zip(c.nodes, keys)):
         c.extra = ["--auth-keys-file", _keys_file(c.workdir, *ring)]
+        if metrics_port and i == 0:
+            c.extra += ["--metrics-port", str(metrics_port)]
         c.start(node)
     c.extra = []
     return c
@@ -91,7 +94,8 @@ def start_cluster(etcd, root: str, keys: list[list[bytes]], token: str) -> Clust
 @pytest.fixture(scope="module")
 def authed(etcd) -> Iterator[Cluster]:  # noqa: ANN001
     with etcd_prefix(etcd, "auth-matrix") as root:
-        c = start_cluster(etcd, root, [[KEY]] * 3, ADMIN)
+        c = start_cluster(etcd, root, [[KEY]] * 3, ADMIN, metrics_port=free_port())
+        c.metrics_port = int(c.nodes[0].proc.args[-1])  # type: ignore[attr-defined, union-attr]
         try:
             async def setup() -> None:
                 for n in c.nodes:
@@ -391,6 +395,31 @@ def test_refusals_are_logged_with_the_subject(authed: Cluster) -> None:
     assert any("matrix-" in line and '"capability"' in line for line in refused)
 
 
+async def test_refusals_are_counted(authed: Cluster) -> None:
+    import urllib.request
+
+    from protocol.messages import Hello
+    from protocol.stream import FrameStream
+
+    conn = await Conn.open(authed.nodes[0].endpoint, TEAM_A)  # one forbidden append
+    assert (await conn.append(OUT, [])).status == Status.FORBIDDEN
+    await conn.close()
+    s = await FrameStream.connect(authed.nodes[0].endpoint)  # one unauthorized hello
+    await s.send(Hello(token="junk"))
+    await asyncio.wait_for(s.read(), 10)
+    await s.close()
+    port = authed.metrics_port  # type: ignore[attr-defined]
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(
+        f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("quire_auth_refusals_total{"):
+            labels, _, value = line.rpartition(" ")
+            counts[labels] = float(value)
+    assert counts.get('quire_auth_refusals_total{capability="APPEND",reason="forbidden"}', 0) > 0
+    assert counts.get('quire_auth_refusals_total{capability="",reason="unauthorized"}', 0) > 0
+
+
 def test_a_peer_with_the_wrong_key_fails_closed(etcd) -> None:  # noqa: ANN001
     """node-1 does not hold the signing key: whichever of the two is primary, the hop
     between them (a replicate pipeline, or a proxied append) is refused, so an append
@@ -429,3 +458,28 @@ def test_a_peer_with_the_wrong_key_fails_closed(etcd) -> None:  # noqa: ANN001
         finally:
             c.stop_all()
             shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+async def test_a_blocking_read_ends_with_its_token(authed: Cluster) -> None:
+    """The read is cut when the token expires (plus the 5 s leeway); the same token then
+    opens nothing."""
+    import time
+
+    from protocol.messages import ErrorFrame, Hello
+    from protocol.stream import FrameStream
+
+    now = time.time()
+    short = RING.mint(Capability.READ, Scope.of(["team-a/"]), 3600, "short", now=now - 3598)
+    conn = await Conn.open(authed.nodes[1].endpoint, short)
+    await conn.s.send(ReadRequest(journal=IN, offset=-1, block=True))
+    started = time.monotonic()
+    with pytest.raises(ProtocolError):  # blocks until the cut, then the connection closes
+        while True:
+            await asyncio.wait_for(conn.s.read(), 30)
+    assert time.monotonic() - started > 1
+    await conn.close()
+    s = await FrameStream.connect(authed.nodes[1].endpoint)
+    await s.send(Hello(token=short))
+    frame = await asyncio.wait_for(s.read(), 10)
+    assert isinstance(frame.message, ErrorFrame) and frame.message.status == Status.UNAUTHORIZED
+    await s.close()
