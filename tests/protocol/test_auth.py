@@ -263,3 +263,39 @@ def docs_rpc_table() -> dict[str, str]:
 
 def test_the_docs_table_is_the_code_table() -> None:
     assert docs_rpc_table() == {cls.__name__: cap.name for cls, cap in RPC_CAPABILITY.items()}
+
+
+# -- property: prefix scopes against a segment oracle ------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SEGMENT = st.sampled_from(["team-a", "team-ab", "team", "a", "b", "x1", "logs", "..", ".hid"])
+
+
+def _oracle(prefix: str, name: str) -> bool:
+    """Whole-segment prefix match over valid names; exact names; '*'."""
+    parts = name.split("/")
+    if len(name) < 4 or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+        return False
+    if prefix == "*":
+        return True
+    if prefix.endswith("/"):
+        want = prefix[:-1].split("/")
+        return len(parts) > len(want) and parts[:len(want)] == want
+    return prefix == name
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(SEGMENT, min_size=1, max_size=3), st.lists(SEGMENT, min_size=1, max_size=4),
+       st.sampled_from(["prefix", "exact", "star"]))
+def test_prefix_scopes_match_the_segment_oracle(pfx_parts: list[str], name_parts: list[str],
+                                                kind: str) -> None:
+    prefix = {"prefix": "/".join(pfx_parts) + "/", "exact": "/".join(pfx_parts), "star": "*"}[kind]
+    name = "/".join(name_parts)
+    try:
+        scope = Scope.of([prefix])
+    except ValidationError:
+        assert kind != "star"  # only unclean prefixes (`..`, `.hid`, too short) are refused
+        return
+    assert scope.covers(name, None) == _oracle(prefix, name), (prefix, name)
