@@ -483,3 +483,25 @@ async def test_a_blocking_read_ends_with_its_token(authed: Cluster) -> None:
     frame = await asyncio.wait_for(s.read(), 10)
     assert isinstance(frame.message, ErrorFrame) and frame.message.status == Status.UNAUTHORIZED
     await s.close()
+
+
+def test_the_cli_with_a_team_token(authed: Cluster) -> None:
+    """docs/security.md's check step: team a sees only its journals and is refused
+    team b's with exit code 5 and a message naming the capability and the journal."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "QUIRE_TOKEN": TEAM_A, "QUIRE_BROKER": authed.nodes[0].endpoint}
+
+    def quire(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], input=stdin,
+                              capture_output=True, timeout=60, env=env)
+
+    out = quire("journals", "list", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert b"team-a/events" in out.stdout and b"team-b/" not in out.stdout
+    out = quire("append", "-j", OUT, stdin=b"nope\n")
+    assert out.returncode == 5, out.stderr
+    assert b"FORBIDDEN" in out.stderr and b"APPEND" in out.stderr and OUT.encode() in out.stderr
+    out = quire("--token", "junk", "journals", "list")
+    assert out.returncode == 5 and b"UNAUTHORIZED" in out.stderr, out.stderr
