@@ -41,7 +41,8 @@ class Hello(Message, frozen=True):
     KIND = 1
     version: int = PROTOCOL_VERSION
     token: str = ""
-    """Reserved for auth; ignored while auth is off."""
+    """The capability token (protocol/auth.py). Coordinators with keys verify it before
+    reading anything else (UNAUTHORIZED + close if bad); without keys it is ignored."""
 
 
 class HelloAck(Message, frozen=True):
