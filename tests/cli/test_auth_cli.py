@@ -52,3 +52,21 @@ def test_token_errors_are_one_line_with_exit_codes(tmp_path) -> None:  # noqa: A
 def test_refusals_exit_as_not_allowed() -> None:
     for status in (Status.UNAUTHORIZED, Status.FORBIDDEN):
         assert exit_code_for(for_status(status)("x", journal="a/b/c")) == 5
+
+
+def test_verify_prints_claims_or_refuses(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    key = _quire("auth", "keygen").stdout.strip()
+    env = {"QUIRE_AUTH_KEYS": key}
+    tok = _quire("auth", "token", "--cap", "read,list", "--prefix", "team-a/", "--subject", "ci",
+                 env=env).stdout.strip()
+    out = _quire("auth", "verify", tok, env=env)
+    assert out.returncode == 0, out.stderr
+    claims = json.loads(out.stdout)
+    assert claims["sub"] == "ci" and claims["cap"] == ["list", "read"] and claims["pfx"] == ["team-a/"]
+    out = _quire("auth", "verify", env={**env, "QUIRE_TOKEN": tok})  # from the environment
+    assert out.returncode == 0 and json.loads(out.stdout)["sub"] == "ci"
+    other = _quire("auth", "keygen").stdout.strip()
+    out = _quire("auth", "verify", tok, env={"QUIRE_AUTH_KEYS": other})
+    assert out.returncode == 5 and "UNAUTHORIZED" in out.stderr and tok not in out.stderr

@@ -1,4 +1,4 @@
-"""`quire auth keygen` and `quire auth token`: make keys and capability tokens.
+"""`quire auth keygen`, `quire auth token`, `quire auth verify`: keys and capability tokens.
 
     quire auth keygen > keys && chmod 600 keys
     QUIRE_AUTH_KEYS_FILE=keys quire auth token --cap append,read --prefix team-a/ --ttl 1h
@@ -20,7 +20,7 @@ from protocol.auth import Scope, load_keyring, parse_caps
 from protocol.config import load_settings
 from protocol.spec import parse_duration
 
-from .common import CliError, EXIT_INVALID
+from .common import EXIT_INVALID, EXIT_NOT_ALLOWED, CliError
 
 app = typer.Typer(help="Capability tokens: make signing keys and mint tokens.", no_args_is_help=True)
 
@@ -54,3 +54,33 @@ def token(cap: str = typer.Option(..., "--cap", help="Capabilities, comma-separa
     scope = Scope.of(prefix, selector)
     seconds = parse_duration(ttl, "--ttl")
     typer.echo(ring.mint(parse_caps(cap), scope, seconds, subject or getpass.getuser()))
+
+
+@app.command("verify")
+def verify(token: Optional[str] = typer.Argument(None, help="The token (default $QUIRE_TOKEN)."),
+           keys_file: Optional[str] = typer.Option(None, "--keys-file", help="Keys file "
+                                                   "(default: QUIRE_AUTH_KEYS / QUIRE_AUTH_KEYS_FILE).")) -> None:
+    """Check a token against the keys and print its claims as JSON (exit 5 if refused)."""
+    import datetime as dt
+    import json
+
+    from protocol.auth import TokenError, cap_names
+
+    s = load_settings({"auth_keys_file": keys_file} if keys_file else None)
+    keys = s.auth_keys.reveal() if s.auth_keys is not None and not keys_file else None
+    ring = load_keyring(keys, s.auth_keys_file, s.auth_audience)
+    if ring is None:
+        raise CliError("no keys: set QUIRE_AUTH_KEYS, QUIRE_AUTH_KEYS_FILE or --keys-file", EXIT_INVALID)
+    text = token or (s.token.reveal() if s.token is not None else "")
+    try:
+        claims = ring.verify(text)
+    except TokenError as exc:
+        raise CliError(f"UNAUTHORIZED: {exc}", EXIT_NOT_ALLOWED) from None
+
+    def when(t: float) -> str:
+        return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
+
+    typer.echo(json.dumps({"sub": claims.subject, "cap": cap_names(claims.caps),
+                           "pfx": list(claims.scope.prefixes),
+                           "sel": str(claims.scope.selector) if claims.scope.selector else None,
+                           "iat": when(claims.issued_at), "exp": when(claims.expires_at)}))
