@@ -49,13 +49,15 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def hello_probe(endpoint: str, timeout: float = 1.0) -> bool:
-    """True once a quire coordinator answers Hello at `endpoint` (blocking, no asyncio)."""
+def hello_probe(endpoint: str, timeout: float = 1.0, ssl: Any = None) -> bool:
+    """True once a quire coordinator answers Hello at `endpoint` (blocking, no asyncio);
+    `ssl`: a client SSLContext for coordinators serving TLS."""
     from protocol import Hello, HelloAck
     from protocol.wire import FrameDecoder, encode_frame_bytes
 
     host, _, port = endpoint.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+    raw = socket.create_connection((host, int(port)), timeout=timeout)
+    with (ssl.wrap_socket(raw, server_hostname=host) if ssl is not None else raw) as sock:
         sock.sendall(encode_frame_bytes(Hello()))
         decoder = FrameDecoder()
         deadline = time.monotonic() + timeout
@@ -79,7 +81,7 @@ def _package_dir(name: str) -> Path | None:
 
 class LocalCluster:
     def __init__(self, data_dir: str | Path, *, coordinators: int = 1, store: str | None = None,
-                 flower: bool = False, zones: int = 1, port: int = 8080) -> None:
+                 flower: bool = False, zones: int = 1, port: int = 8080, tls: bool = False) -> None:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.n = coordinators
@@ -94,6 +96,11 @@ class LocalCluster:
         self.coordinators: list[Service] = []
         self.flower_url = ""
         self.dashboard_url = ""
+        self.tls = None
+        if tls:  # a local CA and one certificate; every process finds them in env()
+            from tools.tls_certs import make_local_ca
+
+            self.tls = make_local_ca(self.data_dir / "tls")
 
     # -- layout ---------------------------------------------------------------------
 
@@ -137,7 +144,16 @@ class LocalCluster:
     def env(self) -> dict[str, str]:
         return {"QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
                 "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store,
-                "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1"}
+                "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1",
+                **self.tls_env()}
+
+    def tls_env(self) -> dict[str, str]:
+        """With --tls: coordinators serve mTLS with these; workers, the dashboard and the
+        CLI verify them and present the same certificate (docs/security.md)."""
+        if self.tls is None:
+            return {}
+        return {"QUIRE_TLS_CA": self.tls.ca, "QUIRE_TLS_CERT": self.tls.cert,
+                "QUIRE_TLS_KEY": self.tls.key, "QUIRE_TLS_CLIENT_AUTH": "true"}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -174,8 +190,13 @@ class LocalCluster:
                     "--listen", endpoint, "--etcd", self.etcd_url, "--root", ROOT,
                     "--spool-dir", str(self.data_dir / "spool" / ident),
                     "--redis", self.redis_url, "--drain-timeout", f"{DRAIN_TIMEOUT:g}"]
+            ctx = None
+            if self.tls is not None:
+                from protocol.tls import client_context
+
+                ctx = client_context(self.tls.ca, self.tls.cert, self.tls.key)
             svc = Service(ident, argv, env=self.env(), workdir=self.data_dir / "logs" / ident,
-                          probe=lambda e=endpoint: hello_probe(e), ready_timeout=60,
+                          probe=lambda e=endpoint, c=ctx: hello_probe(e, ssl=c), ready_timeout=60,
                           stop_timeout=DRAIN_TIMEOUT + 15)  # SIGKILL only past its drain
             svc.endpoint = endpoint  # type: ignore[attr-defined]
             svc.describe = lambda e=endpoint, z=zone: f"{e} (zone {z})"  # type: ignore[method-assign]
@@ -274,7 +295,7 @@ def _http_ok(url: str) -> bool:
 
 
 def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
-                   zones: int, port: int, output: str = "table") -> int:
+                   zones: int, port: int, output: str = "table", tls: bool = False) -> int:
     """`quire up`: start, print what runs where, wait for Ctrl-C/SIGTERM, stop."""
     from rich.console import Console
     from rich.table import Table
@@ -288,14 +309,14 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     data = Path(data_dir) if data_dir else Path(__import__("os").environ.get(
         "QUIRE_DATA_DIR") or default_data_dir())
     cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port)
+                           zones=zones, port=port, tls=tls)
     started = time.monotonic()
     try:
         cluster.start()
         if output == "json":
             print(json.dumps({"broker": ",".join(cluster.endpoints), "etcd": cluster.etcd_url,
                               "redis": cluster.redis_url, "store": cluster.store,
-                              "dashboard": cluster.dashboard_url,
+                              "dashboard": cluster.dashboard_url, "tls": cluster.tls_env(),
                               "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
                   flush=True)
         else:
@@ -308,6 +329,8 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
             Console().print(table)
             Console().print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
                             f"{','.join(cluster.endpoints)}\n"
+                            + "".join(f"tls: export {k}={v}\n" for k, v in cluster.tls_env().items()
+                                      if k != "QUIRE_TLS_CLIENT_AUTH")
                             + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
                             + "Ctrl-C stops everything.", highlight=False)
         for note in cluster.notes:

@@ -105,12 +105,14 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
                                  help="Spread coordinators over this many zones."),
        port: int = typer.Option(8080, "--port", help="Listen port of the first coordinator "
                                 "(the next ones take the following free ports)."),
-       output: str = typer.Option("table", "-o", "--output", help="table or json.")) -> None:
+       output: str = typer.Option("table", "-o", "--output", help="table or json."),
+       tls: bool = typer.Option(False, "--tls", help="Coordinators serve mTLS with a local CA "
+                                "and certificate made under <data-dir>/tls/.")) -> None:
     """Run a whole local cluster in the foreground until Ctrl-C or SIGTERM."""
     from tools.local_cluster import run_foreground
 
     raise typer.Exit(run_foreground(coordinators=coordinators, store=store, data_dir=data_dir,
-                                    flower=flower, zones=zones, port=port, output=output))
+                                    flower=flower, zones=zones, port=port, output=output, tls=tls))
 
 
 @app.command("demo")
