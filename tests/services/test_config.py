@@ -128,6 +128,19 @@ def test_secret_never_shows() -> None:
     assert "<hidden>" in str(err.value)
 
 
+def test_auth_keys_and_tokens_never_show(tmp_path: Path) -> None:
+    s = load_settings(env={**BASE_ENV, "QUIRE_AUTH_KEYS": "a2V5LWtleS1rZXk=", "QUIRE_TOKEN": "tok.en.sig",
+                           "QUIRE_TLS_CA": str(tmp_path / "ca.pem")})
+    assert s.auth_keys is not None and s.auth_keys.reveal() == "a2V5LWtleS1rZXk="
+    assert s.token is not None and s.token.reveal() == "tok.en.sig"
+    assert s.tls_ca == str(tmp_path / "ca.pem")
+    for text in (repr(s), str(s), str(s.redacted())):
+        assert "a2V5LWtleS1rZXk=" not in text and "tok.en.sig" not in text
+    with pytest.raises(ConfigError) as err:
+        load_settings(env={**BASE_ENV, "QUIRE_TOKEN": " "})
+    assert "<hidden>" in str(err.value)
+
+
 def test_settings_is_frozen() -> None:
     s = Settings()
     with pytest.raises(AttributeError):
