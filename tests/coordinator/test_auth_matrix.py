@@ -47,7 +47,7 @@ from protocol import (
     Route,
     Status,
 )
-from protocol.auth import Capability, Keyring, Scope, parse_caps
+from protocol.auth import Capability, Keyring, Scope
 from tools.services import etcd_prefix, free_port
 
 from ..protocol.test_auth import docs_rpc_table
