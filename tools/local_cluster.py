@@ -49,16 +49,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def hello_probe(endpoint: str, timeout: float = 1.0, ssl: Any = None) -> bool:
+def hello_probe(endpoint: str, timeout: float = 1.0, ssl: Any = None, token: str = "") -> bool:
     """True once a quire coordinator answers Hello at `endpoint` (blocking, no asyncio);
-    `ssl`: a client SSLContext for coordinators serving TLS."""
+    `ssl`: a client SSLContext for coordinators serving TLS; `token` when auth is on."""
     from protocol import Hello, HelloAck
     from protocol.wire import FrameDecoder, encode_frame_bytes
 
     host, _, port = endpoint.rpartition(":")
     raw = socket.create_connection((host, int(port)), timeout=timeout)
     with (ssl.wrap_socket(raw, server_hostname=host) if ssl is not None else raw) as sock:
-        sock.sendall(encode_frame_bytes(Hello()))
+        sock.sendall(encode_frame_bytes(Hello(token=token)))
         decoder = FrameDecoder()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -81,7 +81,8 @@ def _package_dir(name: str) -> Path | None:
 
 class LocalCluster:
     def __init__(self, data_dir: str | Path, *, coordinators: int = 1, store: str | None = None,
-                 flower: bool = False, zones: int = 1, port: int = 8080, tls: bool = False) -> None:
+                 flower: bool = False, zones: int = 1, port: int = 8080, tls: bool = False,
+                 auth: bool = False) -> None:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.n = coordinators
@@ -101,6 +102,10 @@ class LocalCluster:
             from tools.tls_certs import make_local_ca
 
             self.tls = make_local_ca(self.data_dir / "tls")
+        self.keys_file = ""
+        self.service_token = self.admin_token = ""
+        if auth:
+            self._make_auth()
 
     # -- layout ---------------------------------------------------------------------
 
@@ -145,7 +150,37 @@ class LocalCluster:
         return {"QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
                 "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store,
                 "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1",
-                **self.tls_env()}
+                **self.tls_env(), **self.auth_env()}
+
+    def _make_auth(self) -> None:
+        """--auth: a signing key kept under <data-dir>/auth/ (0600), a token for the
+        cluster's own services (workers, dashboard: list, read, append on every journal)
+        and an operator token (every capability) printed for the CLI; docs/security.md."""
+        import base64
+        import os
+
+        from protocol.auth import Capability, Scope, load_keyring
+
+        path = self.data_dir / "auth" / "keys"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(base64.b64encode(os.urandom(32)).decode() + "\n")
+        self.keys_file = str(path)
+        ring = load_keyring(None, self.keys_file)
+        assert ring is not None
+        every = Scope.of(["*"])
+        self.service_token = ring.mint(Capability.LIST | Capability.READ | Capability.APPEND,
+                                       every, 7 * 86400, "quire-up-services")
+        self.admin_token = ring.mint(Capability(sum(Capability)), every, 86400, "quire-up-admin")
+
+    def auth_env(self) -> dict[str, str]:
+        """With --auth: every role gets the keys file (coordinators verify, the dashboard
+        guards /api/state) and the services' token."""
+        if not self.keys_file:
+            return {}
+        return {"QUIRE_AUTH_KEYS_FILE": self.keys_file, "QUIRE_TOKEN": self.service_token}
 
     def tls_env(self) -> dict[str, str]:
         """With --tls: coordinators serve mTLS with these; workers, the dashboard and the
@@ -196,7 +231,8 @@ class LocalCluster:
 
                 ctx = client_context(self.tls.ca, self.tls.cert, self.tls.key)
             svc = Service(ident, argv, env=self.env(), workdir=self.data_dir / "logs" / ident,
-                          probe=lambda e=endpoint, c=ctx: hello_probe(e, ssl=c), ready_timeout=60,
+                          probe=lambda e=endpoint, c=ctx: hello_probe(e, ssl=c, token=self.service_token),
+                          ready_timeout=60,
                           stop_timeout=DRAIN_TIMEOUT + 15)  # SIGKILL only past its drain
             svc.endpoint = endpoint  # type: ignore[attr-defined]
             svc.describe = lambda e=endpoint, z=zone: f"{e} (zone {z})"  # type: ignore[method-assign]
@@ -295,7 +331,8 @@ def _http_ok(url: str) -> bool:
 
 
 def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
-                   zones: int, port: int, output: str = "table", tls: bool = False) -> int:
+                   zones: int, port: int, output: str = "table", tls: bool = False,
+                   auth: bool = False) -> int:
     """`quire up`: start, print what runs where, wait for Ctrl-C/SIGTERM, stop."""
     from rich.console import Console
     from rich.table import Table
@@ -309,7 +346,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     data = Path(data_dir) if data_dir else Path(__import__("os").environ.get(
         "QUIRE_DATA_DIR") or default_data_dir())
     cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port, tls=tls)
+                           zones=zones, port=port, tls=tls, auth=auth)
     started = time.monotonic()
     try:
         cluster.start()
@@ -317,6 +354,8 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
             print(json.dumps({"broker": ",".join(cluster.endpoints), "etcd": cluster.etcd_url,
                               "redis": cluster.redis_url, "store": cluster.store,
                               "dashboard": cluster.dashboard_url, "tls": cluster.tls_env(),
+                              "auth": ({"keys_file": cluster.keys_file, "token": cluster.admin_token}
+                                       if cluster.keys_file else {}),
                               "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
                   flush=True)
         else:
@@ -331,6 +370,9 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                             f"{','.join(cluster.endpoints)}\n"
                             + "".join(f"tls: export {k}={v}\n" for k, v in cluster.tls_env().items()
                                       if k != "QUIRE_TLS_CLIENT_AUTH")
+                            + (f"auth: export QUIRE_TOKEN={cluster.admin_token}\n"
+                               f"auth: export QUIRE_AUTH_KEYS_FILE={cluster.keys_file}  "
+                               f"# to mint more: quire auth token …\n" if cluster.keys_file else "")
                             + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
                             + "Ctrl-C stops everything.", highlight=False)
         for note in cluster.notes:

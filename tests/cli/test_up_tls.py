@@ -1,5 +1,6 @@
-"""`quire up --tls`: coordinators serve mTLS from a local CA; the CLI (with the printed
-QUIRE_TLS_* variables) appends, the worker persists over TLS, a plain probe is refused."""
+"""`quire up --tls --auth`: coordinators serve mTLS from a local CA and check tokens; the
+CLI (with the printed QUIRE_TLS_* and QUIRE_TOKEN) appends, the worker persists over TLS
+with the services' token, a plain probe and a token-less CLI are refused."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from tools.services import free_port
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_up_with_tls(tmp_path: Path) -> None:
+def test_up_with_tls_and_auth(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "up", "-n", "2", "--tls",
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "up", "-n", "2", "--tls", "--auth",
                              "--data-dir", str(data), "--port", str(free_port()), "-o", "json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -42,7 +43,13 @@ def test_up_with_tls(tmp_path: Path) -> None:
         except OSError:
             answered = False
         assert not answered
+        auth = info["auth"]
+        assert oct(os.stat(auth["keys_file"]).st_mode & 0o777) == "0o600"
         env = {**os.environ, "QUIRE_BROKER": info["broker"], **tls}
+        anonymous = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "list"],
+                                   capture_output=True, env=env, timeout=60)
+        assert anonymous.returncode == 5 and b"UNAUTHORIZED" in anonymous.stderr
+        env["QUIRE_TOKEN"] = auth["token"]
 
         def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], input=stdin,

@@ -107,12 +107,16 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
                                 "(the next ones take the following free ports)."),
        output: str = typer.Option("table", "-o", "--output", help="table or json."),
        tls: bool = typer.Option(False, "--tls", help="Coordinators serve mTLS with a local CA "
-                                "and certificate made under <data-dir>/tls/.")) -> None:
+                                "and certificate made under <data-dir>/tls/."),
+       auth: bool = typer.Option(False, "--auth", help="Coordinators check capability tokens; "
+                                 "a key is made under <data-dir>/auth/ and an operator token "
+                                 "printed.")) -> None:
     """Run a whole local cluster in the foreground until Ctrl-C or SIGTERM."""
     from tools.local_cluster import run_foreground
 
     raise typer.Exit(run_foreground(coordinators=coordinators, store=store, data_dir=data_dir,
-                                    flower=flower, zones=zones, port=port, output=output, tls=tls))
+                                    flower=flower, zones=zones, port=port, output=output, tls=tls,
+                                    auth=auth))
 
 
 @app.command("demo")
