@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from protocol.auth import Capability, Keyring, decode_keys
 from tools.cli.common import exit_code_for
@@ -11,10 +10,19 @@ from protocol import Status, for_status
 
 
 def _quire(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in-process (no interpreter start per call) with `env` over os.environ."""
+    import contextlib
+    import io
     import os
+    from unittest import mock
 
-    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, **(env or {})})
+    from tools.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def test_keygen_then_token_round_trip(tmp_path) -> None:  # noqa: ANN001
