@@ -82,7 +82,7 @@ def command(
 
 def _security(s):  # noqa: ANN001, ANN202
     """Keyring (None: auth off) and the TLS contexts (None: plain TCP) from settings."""
-    from protocol.auth import settings_keyring
+    from protocol.credentials import settings_keyring
     from protocol.errors import ValidationError
     from protocol.logs import get_logger
     from protocol.tls import client_context, server_context

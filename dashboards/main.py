@@ -41,7 +41,7 @@ def command(
         typer.echo(f"quire dashboard: {exc}", err=True)
         raise typer.Exit(2) from None
     configure_logging(s.log_format, s.log_level)
-    from protocol.auth import settings_keyring
+    from protocol.credentials import settings_keyring
 
     keyring = settings_keyring(s)  # auth on for /api/state when the cluster's keys are set
     brokers = [b.strip() for b in (broker or "").split(",") if b.strip()]

@@ -367,39 +367,3 @@ def authorize_apply(claims: Claims, changes: Iterable[tuple[str, JournalSpec | N
             if not claims.scope.covers(name, spec.labels if spec is not None else None):
                 return Refusal(Capability.APPLY, name)
     return None
-
-
-def load_keyring(keys: str | None, keys_file: str | None,
-                 audience: str = DEFAULT_AUDIENCE) -> Keyring | None:
-    """The keyring from settings (auth_keys, else auth_keys_file), or None: auth off.
-    A keys file must not be readable by group or others (like ssh keys)."""
-    if keys:
-        return Keyring.from_text(keys, audience)
-    if keys_file:
-        import os
-        import stat
-
-        try:
-            st = os.stat(keys_file)
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise ValidationError("auth_keys_file", f"{keys_file} is readable by group or "
-                                                        "others; chmod 600 it")
-            with open(keys_file, encoding="ascii") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValidationError("auth_keys_file", f"{keys_file}: {exc}") from None
-        return Keyring.from_text(text, audience)
-    return None
-
-
-def settings_keyring(settings: Any) -> Keyring | None:
-    """load_keyring over a protocol.config.Settings."""
-    keys = settings.auth_keys.reveal() if settings.auth_keys is not None else None
-    return load_keyring(keys, settings.auth_keys_file, settings.auth_audience)
-
-
-def settings_token(settings: Any, explicit: str | None = None) -> str:
-    """The token to present: an explicit one (a --token flag), else QUIRE_TOKEN/config."""
-    if explicit:
-        return explicit
-    return settings.token.reveal() if settings.token is not None else ""

@@ -103,6 +103,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     auth_audience: str = "quire"
     token: Secret | None = None
     """The capability token this process presents (QUIRE_TOKEN)."""
+    token_file: str | None = None
+    """A file holding the token, re-read when it changes (QUIRE_TOKEN_FILE); used when
+    `token` is unset."""
     tls_cert: str | None = None
     """PEM certificate (chain) a coordinator serves TLS with, and presents to peers."""
     tls_key: str | None = None
@@ -295,6 +298,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "auth_keys_file": _file,
     "auth_audience": _token,
     "token": _secret,
+    "token_file": _file,
     "tls_cert": _file,
     "tls_key": _file,
     "tls_ca": _file,

@@ -159,7 +159,8 @@ class LocalCluster:
         import base64
         import os
 
-        from protocol.auth import Capability, Scope, load_keyring
+        from protocol.auth import Capability, Scope
+        from protocol.credentials import load_keyring
 
         path = self.data_dir / "auth" / "keys"
         if not path.exists():

@@ -34,6 +34,7 @@ from protocol import (
     ProtocolError,
     Status,
 )
+from protocol.credentials import TokenSource, current_token
 from protocol.wire import PREFIX_SIZE, check_prefix, decode_header, encode_frame_bytes
 from workers.errors import FragmentNotLocal, ReplicaUnavailable
 
@@ -60,10 +61,10 @@ class Throttle:
 
 
 @functools.lru_cache(maxsize=1)
-def _security() -> tuple[str, ssl.SSLContext | None]:
-    """The token (QUIRE_TOKEN: READ on the journals persisted) and TLS context
-    (QUIRE_TLS_CA) this worker presents to coordinators; docs/security.md."""
-    from protocol.auth import settings_token
+def _security() -> tuple[TokenSource, ssl.SSLContext | None]:
+    """The token (QUIRE_TOKEN or QUIRE_TOKEN_FILE: READ on the journals persisted) and
+    TLS context (QUIRE_TLS_CA) this worker presents to coordinators; docs/security.md."""
+    from protocol.credentials import settings_token
     from protocol.config import load_settings
     from protocol.tls import settings_client_ssl
 
@@ -119,7 +120,7 @@ def _stream_one(endpoint: str, fragment: Fragment, skip: int, timeout: float,
                 throttle: Throttle) -> Iterator[bytes]:
     conn = _Conn(endpoint, timeout)
     try:
-        conn.send(Hello(token=_security()[0]))
+        conn.send(Hello(token=current_token(_security()[0])))
         ack, _ = conn.read()
         _expect(ack, HelloAck)
         conn.send(FetchFragmentRequest(fragment=fragment))

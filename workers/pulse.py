@@ -21,7 +21,7 @@ from typing import Any
 from quire.client.client import Client
 from protocol.logs import bind, get_logger
 from protocol import Status, SuspendLevel
-from protocol.auth import settings_token
+from protocol.credentials import settings_token
 from protocol.errors import StatusError
 from protocol.tls import settings_client_ssl
 from workers import common

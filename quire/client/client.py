@@ -55,6 +55,7 @@ from protocol import (
     parse_selector,
     validate_journal_name,
 )
+from protocol.credentials import TokenFile, TokenSource
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
 
 from .body import AppendData, Body
@@ -85,15 +86,18 @@ def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
 class Client:
     def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
                  rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
-                 max_idle: int = 8, token: str | None = None,
+                 max_idle: int = 8, token: TokenSource | None = None,
                  ssl: SSLContext | None = None) -> None:
-        """`token`: the capability token every connection presents (default
-        $QUIRE_TOKEN; docs/security.md). `ssl`: a client context for coordinators that
+        """`token`: the capability token every connection presents, or a callable giving
+        the current one (protocol.auth.TokenFile); default $QUIRE_TOKEN, else a TokenFile
+        of $QUIRE_TOKEN_FILE (docs/security.md). `ssl`: a client context for coordinators that
         serve TLS (protocol.tls.client_context; default from $QUIRE_TLS_CA, if set)."""
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         if token is None:
             token = os.environ.get("QUIRE_TOKEN", "")
+            if not token and os.environ.get("QUIRE_TOKEN_FILE"):
+                token = TokenFile(os.environ["QUIRE_TOKEN_FILE"])
         if ssl is None and os.environ.get("QUIRE_TLS_CA"):
             from protocol.tls import client_context
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from ssl import SSLContext
 
 from protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
+from protocol.credentials import TokenSource, current_token, unverified_expiry
 from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
 from protocol.status import Status
 from protocol.stream import ConnectionClosed, FrameStream
@@ -27,11 +29,17 @@ class Connection:
         self.endpoint = endpoint
         self.stream = stream
         self.broken = False
+        self.expires: float | None = None
+        """When the token it was opened with expires: it is not reused past that (the
+        coordinator would refuse it), so the pool opens one with the current token."""
 
     @classmethod
-    async def open(cls, endpoint: str, timeout: float, token: str = "",
+    async def open(cls, endpoint: str, timeout: float, token: TokenSource = "",
                    ssl: SSLContext | None = None) -> Connection:
-        """Connect and say Hello, presenting `token` (a refused one raises Unauthorized)."""
+        """Connect and say Hello, presenting `token` (a refused one raises Unauthorized);
+        a callable token source is asked for the current token at each connection."""
+        token = current_token(token)
+        expires = unverified_expiry(token)
         try:
             stream = await FrameStream.connect(endpoint, timeout=timeout, ssl=ssl)
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
@@ -49,6 +57,7 @@ class Connection:
         if not isinstance(frame.message, HelloAck):
             conn.abort()
             raise ProtocolError(f"{endpoint} answered hello with {type(frame.message).__name__}")
+        conn.expires = expires
         return conn
 
     @property
@@ -56,7 +65,8 @@ class Connection:
         # The peer closed an idle connection (coordinator restart, idle timeout): the
         # reader has already seen EOF. Detecting it here keeps a dead pooled connection
         # from turning a safe append into an ambiguous one.
-        return self.broken or self.stream.reader.at_eof() or self.stream.writer.is_closing()
+        return (self.broken or self.stream.reader.at_eof() or self.stream.writer.is_closing()
+                or (self.expires is not None and self.expires <= time.time() + 1.0))
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
         try:
@@ -113,7 +123,7 @@ class Connection:
 class ConnectionPool:
     """Idle connections per endpoint, at most `max_idle` kept per endpoint."""
 
-    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 8, token: str = "",
+    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 8, token: TokenSource = "",
                  ssl: SSLContext | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.token = token

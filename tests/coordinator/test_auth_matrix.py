@@ -14,6 +14,7 @@ import base64
 import itertools
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -507,3 +508,31 @@ def test_the_cli_with_a_team_token(authed: Cluster) -> None:
     assert b"FORBIDDEN" in out.stderr and b"APPEND" in out.stderr and OUT.encode() in out.stderr
     out = quire("--token", "junk", "journals", "list")
     assert out.returncode == 5 and b"UNAUTHORIZED" in out.stderr, out.stderr
+
+
+async def test_a_token_file_rotates_without_a_restart(authed: Cluster, tmp_path) -> None:  # noqa: ANN001
+    """QUIRE_TOKEN_FILE: each new connection presents the file's current token."""
+    from protocol.credentials import TokenFile
+    from protocol.errors import Unauthorized
+    from quire.client import Client
+
+    path = tmp_path / "token"
+    now = time.time()
+    short = RING.mint(Capability.LIST, Scope.of(["team-a/"]), 3600, "short", now=now - 3598)
+    path.write_text(short + "\n")  # expires in ~2 s
+    async with Client([authed.nodes[0].endpoint], token=TokenFile(str(path)), retry_timeout=2) as c:
+        assert [e.spec.name for e in await c.list_journals()] == [IN, SOLO]
+        path.write_text(TEAM_A + "\n")
+        os.utime(path, (time.time() + 5, time.time() + 5))
+        await asyncio.sleep(max(0.0, now + 2 - time.time()))  # the pooled connection's token expired
+        # The pool retires the connection opened with the expired token and presents the
+        # file's new one (the coordinator would still accept `short` for its 5 s leeway,
+        # but the client does not lean on that).
+        assert [e.spec.name for e in await c.list_journals()] == [IN, SOLO]
+        idle = c.pool._idle[authed.nodes[0].endpoint]
+        assert [conn.expires for conn in idle] == [RING.verify(TEAM_A).expires_at]
+        path.write_text(_bad_tokens()["wrong key"] + "\n")
+        os.utime(path, (time.time() + 10, time.time() + 10))
+        c.pool.drop(authed.nodes[0].endpoint)  # the next RPC opens a new connection
+        with pytest.raises(Unauthorized):
+            await c.list_journals()

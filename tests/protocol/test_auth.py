@@ -35,10 +35,10 @@ from protocol.auth import (
     authorize,
     authorize_apply,
     decode_keys,
-    load_keyring,
     parse_caps,
     requirement,
 )
+from protocol.credentials import TokenFile, current_token, load_keyring
 
 K1, K2 = os.urandom(32), os.urandom(32)
 RING = Keyring([K1])
@@ -299,3 +299,16 @@ def test_prefix_scopes_match_the_segment_oracle(pfx_parts: list[str], name_parts
         assert kind != "star"  # only unclean prefixes (`..`, `.hid`, too short) are refused
         return
     assert scope.covers(name, None) == _oracle(prefix, name), (prefix, name)
+
+
+def test_a_token_file_is_re_read_when_it_changes(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "token"
+    source = TokenFile(str(path))
+    assert source() == ""  # missing: no token (the coordinator answers UNAUTHORIZED)
+    path.write_text(tok() + "\n")
+    assert RING.verify(current_token(source)).subject == "alice"
+    newer = RING.mint(Capability.READ, Scope.of(["*"]), 60, "bob")
+    path.write_text(newer + "\n")
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a distinct mtime, whatever the fs
+    assert RING.verify(source()).subject == "bob"
+    assert current_token("plain") == "plain" and str(tmp_path) in repr(source)

@@ -16,7 +16,8 @@ from typing import Optional
 
 import typer
 
-from protocol.auth import Scope, load_keyring, parse_caps
+from protocol.auth import Scope, parse_caps
+from protocol.credentials import load_keyring
 from protocol.config import load_settings
 from protocol.spec import parse_duration
 
