@@ -16,14 +16,15 @@ A journal is in scope if it matches `pfx` (when given) *and* `sel` (when given);
 must carry at least one of them. Prefix matching is on validated names only, by whole
 segments: `team-a/` covers `team-a/x` but not `team-ab/x`.
 
-`Keyring` holds the keys from config: the first signs, any verifies (rotation). Every
+`Keyring` holds the keys: the first signs, any verifies (rotation). Every
 malformed, oversized, expired, not-yet-valid, wrongly-signed or `alg: none` token raises
 `TokenError` from `Keyring.verify`, before any request is looked at.
 
 `requirement(msg)` is the one place that maps an RPC to the capability it needs and the
 journal it touches; `authorize(claims, msg, labels_of)` checks a request against it and
 returns a `Refusal` naming both, or None. Coordinators call it at their RPC entry;
-clients and roles use `mint`/`derive` to make tokens.
+clients and roles use `mint`/`derive` to make tokens. Reading keys and tokens from
+files and settings is protocol/credentials.py's job.
 """
 
 from __future__ import annotations
