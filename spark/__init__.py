@@ -1,12 +1,17 @@
 """quire batch: read journal history straight from the fragment store.
 
-    spark.datasource   PySpark Python Data Source `quire` (spark.read.format("quire"))
+    spark.datasource   PySpark Python Data Source `quire` (spark.read / readStream .format("quire"))
+    spark.stream       the Structured Streaming source: offset maps, heads, micro-batch partitions
+    spark.stream_options  the stream-only options (brokers, startingOffsets, maxBytesPerTrigger)
+    spark.offsets      pure micro-batch planning: {journal: offset} maps -> store spans + tails
+    spark.tail         executor side: a micro-batch's unpersisted tail, read from the coordinators
     spark.dask_reader  the same reads as a Dask DataFrame / Bag, for one machine
     spark.planner      pure planning: fragment index -> input partitions (Span)
     spark.framing      executor side: fetch, decompress, frame a Span's messages
     spark.catalog      driver side: journals (selector) and their covering sets
     spark.jobs         batch pipelines, run by `quire spark run JOB`
 
-Layer 4: imports only protocol and fragment_store (and third-party libraries).
+Layer 4: imports protocol and fragment_store (and third-party libraries); the streaming
+modules (stream, tail) also import quire.client, the batch modules never do.
 Nothing here imports pyspark or dask at package import time.
 """

@@ -44,6 +44,18 @@ def base_arrow_schema(framing: str) -> pa.Schema:
                       ("fragment", pa.string())])
 
 
+def spark_arrow_schema(schema: Any, framing: str) -> pa.Schema:
+    """A Spark read schema as Arrow; JSON columns (beyond the base ones) need jsonl."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    extra = [f.name for f in arrow_schema if f.name not in BASE_FIELDS]
+    if extra and framing != "jsonl":
+        raise FramingError(f"option 'framing': columns {extra} are parsed from JSON and "
+                           f"need framing=jsonl, not {framing!r}")
+    return arrow_schema
+
+
 def index_arrow_schema() -> pa.Schema:
     import pyarrow as pa
 

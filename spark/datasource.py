@@ -13,6 +13,9 @@ plans one input partition per fragment (`spark.planner`); executors fetch, decom
 and frame their span and yield pyarrow RecordBatches. No broker, etcd or Redis is on
 the read path (etcd only if a selector is resolved with the `etcd` option).
 
+`spark.readStream.format("quire")` is the same source as a stream (spark.stream): extra
+options `brokers`, `startingOffsets`, `maxBytesPerTrigger`.
+
 Everything here pickles: the reader carries only parsed options and the Arrow schema
 (as DDL), partitions carry a `Span`; libraries are imported inside methods.
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    InputPartition)
 
 NAME = "quire"
 
@@ -48,10 +52,26 @@ class QuireDataSource(DataSource):
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
-        from .options import parse_options
+        from .stream_options import STREAM_ONLY, parse_stream_options
 
         # Validate eagerly, so a bad option fails at .load() with a message naming it.
-        self.read_options = parse_options(dict(options))
+        # Options without a store are a sink's (spark.sink parses them at .save()).
+        raw = dict(options)
+        self.stream_options = None
+        keys = {str(k).lower() for k in raw}
+        if keys & STREAM_ONLY and keys & {"store", "path"}:
+            self.stream_options = parse_stream_options(raw)
+            self._read_options = self.stream_options.read
+        elif keys & {"store", "path"}:
+            self._read_options = _parse(raw)
+        else:
+            self._read_options = None
+
+    @property
+    def read_options(self) -> Any:
+        if self._read_options is None:
+            self._read_options = _parse(dict(self.options))  # raises: no store
+        return self._read_options
 
     def schema(self) -> str:
         from .arrow import INDEX_DDL, base_ddl
@@ -59,6 +79,13 @@ class QuireDataSource(DataSource):
         if self.read_options.mode == "index":
             return INDEX_DDL
         return base_ddl(self.read_options.framing)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        from .stream import QuireStreamReader
+        from .stream_options import parse_stream_options
+
+        return QuireStreamReader(self.stream_options or parse_stream_options(dict(self.options)),
+                                 schema)
 
     def reader(self, schema: Any) -> DataSourceReader:
         if self.read_options.mode == "index":
@@ -68,18 +95,11 @@ class QuireDataSource(DataSource):
 
 class QuireReader(DataSourceReader):
     def __init__(self, options: Any, schema: Any) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        from .arrow import BASE_FIELDS, FramingError
+        from .arrow import spark_arrow_schema
 
         self.options = options
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        extra = [f.name for f in arrow_schema if f.name not in BASE_FIELDS]
-        if extra and options.framing != "jsonl":
-            raise FramingError(f"option 'framing': columns {extra} are parsed from JSON and "
-                               f"need framing=jsonl, not {options.framing!r}")
         # Arrow schemas pickle; keep the wire types Spark expects.
-        self.arrow_schema = arrow_schema
+        self.arrow_schema = spark_arrow_schema(schema, options.framing)
 
     def partitions(self) -> list[InputPartition]:
         from .catalog import plan_read
@@ -115,6 +135,12 @@ class QuireIndexReader(DataSourceReader):
         from .arrow import index_rows
 
         yield from index_rows(partition.value, self.options.store)
+
+
+def _parse(raw: dict[str, Any]) -> Any:
+    from .options import parse_options
+
+    return parse_options(raw)
 
 
 def register(spark: Any) -> None:

@@ -23,8 +23,8 @@ import typer
 command = typer.Typer(name="spark", help="Batch jobs (Spark, Dask) over journals in the store.",
                       no_args_is_help=True, add_completion=False)
 
-PACKAGES = ("spark", "fragment_store", "protocol")
-"""What executors import: the layers a job needs (no coordinator, workers or client)."""
+PACKAGES = ("spark", "fragment_store", "protocol", "quire")
+"""What executors import: the layers a job needs (the client for stream tails and the sink)."""
 
 
 def _fail(message: str) -> None:
@@ -115,7 +115,6 @@ def package(out: Path = typer.Option(Path("build/quire-batch.zip"), "--out")) ->
     root = Path(__file__).resolve().parents[1]
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.write(root / "quire" / "__init__.py", "quire/__init__.py")
         for pkg in PACKAGES:
             for path in sorted((root / pkg).rglob("*.py")):
                 zf.write(path, str(path.relative_to(root)))

@@ -49,3 +49,16 @@ def quire_spark(spark: Any) -> Any:
 
     register(spark)
     return spark
+
+
+@pytest.fixture(scope="session")
+def stream_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real cluster for the streaming source and sink tests: etcd, a coordinator,
+    Redis and a Celery worker persisting to a file store. Tests use their own journals
+    (tests/spark/stream_helpers.py)."""
+    from chaos.cluster import LocalCluster
+
+    work = tmp_path_factory.mktemp("stream-cluster")
+    with LocalCluster(n=1, worker=True, workdir=work / "cluster") as cluster:
+        cluster.store_url = f"file://{work}/store/"  # type: ignore[attr-defined]
+        yield cluster

@@ -44,4 +44,6 @@ def test_package_zips_what_executors_import(tmp_path: Path) -> None:
     names = zipfile.ZipFile(out).namelist()
     assert "spark/datasource.py" in names and "fragment_store/persist.py" in names
     assert "protocol/fragment.py" in names
-    assert not any(n.startswith(("coordinator/", "workers/", "quire/client/")) for n in names)
+    # The client rides along: stream tails and the sink use it on executors.
+    assert "quire/client/sync.py" in names
+    assert not any(n.startswith(("coordinator/", "workers/", "tools/")) for n in names)
