@@ -14,7 +14,8 @@ and frame their span and yield pyarrow RecordBatches. No broker, etcd or Redis i
 the read path (etcd only if a selector is resolved with the `etcd` option).
 
 `spark.readStream.format("quire")` is the same source as a stream (spark.stream): extra
-options `brokers`, `startingOffsets`, `maxBytesPerTrigger`.
+options `brokers`, `startingOffsets`, `maxBytesPerTrigger`. `df.write` and `writeStream`
+append rows to journals (spark.sink).
 
 Everything here pickles: the reader carries only parsed options and the Arrow schema
 (as DDL), partitions carry a `Span`; libraries are imported inside methods.
@@ -85,6 +86,17 @@ class QuireDataSource(DataSource):
         from .stream_options import parse_stream_options
 
         return QuireStreamReader(self.stream_options or parse_stream_options(dict(self.options)),
+                                 schema)
+
+    def writer(self, schema: Any, overwrite: bool) -> Any:
+        from .sink import QuireWriter, parse_sink_options
+
+        return QuireWriter(parse_sink_options(dict(self.options), schema, overwrite), schema)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        from .sink import QuireStreamWriter, parse_sink_options
+
+        return QuireStreamWriter(parse_sink_options(dict(self.options), schema, overwrite),
                                  schema)
 
     def reader(self, schema: Any) -> DataSourceReader:
