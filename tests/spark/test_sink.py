@@ -118,3 +118,24 @@ def test_bad_sink_option_fails_at_save(quire_spark: Any, stream_cluster: Any,
     df = quire_spark.range(3).selectExpr("id as n")
     with pytest.raises(Exception, match=match):
         _write(df, stream_cluster, **options).save()
+
+
+def test_dask_to_quire_one_transaction_per_partition(stream_cluster: Any) -> None:
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from quire.client import SyncClient
+    from spark.dask_writer import to_quire
+
+    journals = ["sink/dask/part-000", "sink/dask/part-001"]
+    with SyncClient(stream_cluster.endpoints) as client:
+        make_journals(client, stream_cluster.store_url, journals)
+        pdf = pd.DataFrame({"n": range(300), "journal": [journals[i % 2] for i in range(300)]})
+        appended = to_quire(dd.from_pandas(pdf, npartitions=3),
+                            ",".join(stream_cluster.endpoints), scheduler="threads")
+        # 3 partitions x 2 journals: one append each, every row once.
+        assert len(appended) == 6 and sum(a[3] for a in appended) == 300
+        for k, journal in enumerate(journals):
+            rows = [json.loads(line) for line in client.read_all(journal).splitlines()]
+            assert sorted(r["n"] for r in rows) == list(range(k, 300, 2))
+            assert all(set(r) == {"n"} for r in rows)  # the journal column is not a field
