@@ -83,21 +83,27 @@ def cap_offsets(start: Mapping[str, int], heads: Mapping[str, int],
                 indexes: Mapping[str, Sequence[Fragment]], max_bytes: int) -> dict[str, int]:
     """End offsets for a micro-batch of about `max_bytes` (maxBytesPerTrigger).
 
-    Pending bytes are shared out in proportion to each journal's backlog; each journal's
-    end is then the last append boundary within its share, or, when its first boundary
-    lies beyond the share (a big append, or an unpersisted tail), that first boundary —
-    so every trigger makes progress and the limit is a soft one, as Kafka's is."""
+    Pending bytes are shared out in proportion to each journal's backlog, and each
+    journal ends at the last append boundary within its share. If no journal has a
+    boundary within its share (big fragments, or unpersisted tails that are read whole),
+    the journal with the largest backlog advances to its first boundary alone: every
+    trigger makes progress, and the limit is a soft one, as Kafka's is."""
     pending = {j: h - start.get(j, 0) for j, h in heads.items() if h > start.get(j, 0)}
     total = sum(pending.values())
     out = {j: max(h, start.get(j, 0)) for j, h in heads.items()}
     if total <= max_bytes:
         return out
+    bounds = {j: boundaries(indexes.get(j, ()), start.get(j, 0), heads[j]) for j in pending}
+    advanced = False
     for journal, backlog in pending.items():
         begin = start.get(journal, 0)
-        share = max(1, backlog * max_bytes // total)
-        bounds = boundaries(indexes.get(journal, ()), begin, heads[journal])
-        within = [b for b in bounds if b <= begin + share]
-        out[journal] = within[-1] if within else bounds[0]
+        share = backlog * max_bytes // total
+        within = [b for b in bounds[journal] if b <= begin + share]
+        out[journal] = within[-1] if within else begin
+        advanced = advanced or bool(within)
+    if not advanced:
+        first = min(pending, key=lambda j: (-pending[j], j))
+        out[first] = bounds[first][0]
     return out
 
 

@@ -7,7 +7,9 @@
 4. tail one partition and show its first messages with their offsets;
 5. wait (bounded) until every partition has fragments persisted to the store, and list
    them with their store paths;
-6. when `spark/jobs` exists, run the example batch job over the store (no brokers).
+6. when `spark/jobs` exists, run the example batch job over the store (no brokers);
+7. run the continuous minute-counts job (Structured Streaming: journals in, a journal
+   out) until it has counted everything, showing its micro-batches.
 """
 
 from __future__ import annotations
@@ -123,6 +125,29 @@ def _spark_job(data_dir: Path, store: str) -> int:
     return proc.returncode
 
 
+def _streaming_job(endpoints: list[str]) -> int:
+    """A few micro-batches of the continuous job: topic events -> demo/minute-counts."""
+    job = Path(__file__).resolve().parent.parent / "spark" / "jobs" / "minute_counts.py"
+    if not job.is_file():
+        return 0
+    argv = [sys.executable, "-m", "spark.jobs.minute_counts", "--brokers", ",".join(endpoints),
+            "--selector", "topic=events", "--out-journal", "demo/minute-counts",
+            "--max-bytes-per-trigger", str(100 << 10), "--until-idle", "--master", "local[2]"]
+    console.print(f"running the continuous job: {' '.join(argv[2:])}", highlight=False)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        console.print("[red]streaming job timed out after 300s[/]")
+        return 1
+    for line in proc.stdout.strip().splitlines()[-8:]:
+        console.print(f"  {line}", highlight=False, markup=False)
+    if proc.returncode != 0:
+        console.print(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "",
+                      highlight=False, markup=False)
+        console.print(f"[red]streaming job failed with exit code {proc.returncode}[/]")
+    return proc.returncode
+
+
 def main(data_dir: str | None = None) -> int:
     from tools.local_cluster import LocalCluster
 
@@ -142,6 +167,7 @@ def main(data_dir: str | None = None) -> int:
             # The batch job needs only the store; the cluster stays up meanwhile so the
             # index manifest keeps being refreshed by the workers.
             code = _spark_job(root, cluster.store)
+            code = _streaming_job(cluster.endpoints) or code
             console.print("stopping the cluster")
     except (ServiceError, RuntimeError, OSError) as exc:
         console.print(f"[red]demo failed:[/] {' '.join(str(exc).split()[:80])}")

@@ -2,6 +2,9 @@
 
 A job module exposes `NAME`, `DESCRIPTION`, `run(spark, params) -> DataFrame` (it writes
 its output and returns what it wrote) and `main(argv)` for spark-submit.
+
+`minute_counts` is a continuous (Structured Streaming) job, run by
+`python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS.
 """
 
 from __future__ import annotations

@@ -43,8 +43,10 @@ def test_cap_offsets_snaps_to_append_boundaries() -> None:
     heads = {"jj/a": 350, "jj/b": 50}
     # Everything fits.
     assert cap_offsets({}, heads, idx, 1000) == heads
-    # 400 pending, cap 200: j/a's share is 175 -> fragment end 100; j/b's tail is one
-    # unsplittable range -> its head (soft cap: progress on every trigger).
-    assert cap_offsets({}, heads, idx, 200) == {"jj/a": 100, "jj/b": 50}
-    # From 100, a share smaller than the next fragment still advances one boundary.
-    assert cap_offsets({"jj/a": 100, "jj/b": 50}, heads, idx, 10) == {"jj/a": 200, "jj/b": 50}
+    # 400 pending, cap 200: j/a's share is 175 -> fragment end 100; j/b's share (25)
+    # holds no boundary (its tail is read whole) -> it waits.
+    assert cap_offsets({}, heads, idx, 200) == {"jj/a": 100, "jj/b": 0}
+    # No boundary within any share: the largest backlog advances alone, one boundary
+    # (soft cap: progress on every trigger).
+    assert cap_offsets({"jj/a": 100, "jj/b": 0}, heads, idx, 10) == {"jj/a": 200, "jj/b": 0}
+    assert cap_offsets({"jj/a": 350, "jj/b": 0}, heads, idx, 10) == {"jj/a": 350, "jj/b": 50}

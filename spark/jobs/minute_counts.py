@@ -1,0 +1,144 @@
+"""minute-counts: a continuous job — per-minute event counts from source journals into an
+output journal, micro-batch by micro-batch.
+
+Input: JSON-lines journals (a selector or names) whose messages carry `key` and an
+ISO-8601 `ts`. Each micro-batch counts its events per (minute, key) and appends one JSON
+line per count to the output journal through the quire sink:
+`{"minute": "2026-01-01T00:03:00Z", "key": "user-07", "events": 4, "batch": 2}`.
+Counts are per micro-batch (stateless): a minute that spans micro-batches has several
+lines, and their sum is the minute's count. The output journal is created if missing.
+
+    python -m spark.jobs.minute_counts --selector topic=events --out-journal demo/minute-counts
+        [--brokers HOST:PORT] [--store URL] [--checkpoint DIR] [--max-bytes-per-trigger N]
+        [--until-idle]
+
+`--brokers` defaults to $QUIRE_BROKER (what `quire up` prints), `--store` to the first
+source journal's fragment store. Without `--until-idle` it runs until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NAME = "minute-counts"
+DESCRIPTION = "continuous: per-minute event counts per key, from journals into a journal"
+SCHEMA = "journal string, offset bigint, key string, ts timestamp"
+
+
+@dataclass
+class StreamParams:
+    brokers: str
+    out_journal: str
+    checkpoint: str
+    store: str = ""
+    selector: str = ""
+    journal: str = ""
+    max_bytes_per_trigger: int = 0
+    trigger_seconds: float = 1.0
+
+
+def _client(brokers: str) -> Any:
+    from quire.client import SyncClient
+
+    return SyncClient(brokers)
+
+
+def prepare(params: StreamParams) -> StreamParams:
+    """Fill in the store from the source journals' specs; create the output journal."""
+    from protocol import FragmentSpec, JournalSpec, ValidationError
+
+    with _client(params.brokers) as client:
+        names = [j for j in params.journal.split(",") if j]
+        entries = client.list_journals(params.selector) if params.selector else \
+            [client.get_journal(j) for j in names]
+        if not entries:
+            raise ValidationError("selector", f"{params.selector!r} matches no journal")
+        store = params.store or next((e.spec.fragment.stores[0] for e in entries
+                                      if e.spec.fragment.stores), "")
+        if not store:
+            raise ValidationError("store", "the source journals name no store; give --store")
+        existing = {e.spec.name for e in client.list_journals("")}
+        if params.out_journal not in existing:
+            client.apply([JournalSpec(name=params.out_journal, replication=1,
+                                      fragment=FragmentSpec(stores=(store,)))])
+    params.store = store
+    return params
+
+
+def start(spark: Any, params: StreamParams) -> Any:
+    """Start the query; returns the StreamingQuery."""
+    from pyspark.sql import functions as F
+
+    reader = (spark.readStream.format("quire").option("store", params.store)
+              .option("brokers", params.brokers))
+    if params.selector:
+        reader = reader.option("selector", params.selector)
+    if params.journal:
+        reader = reader.option("journals", params.journal)
+    if params.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", str(params.max_bytes_per_trigger))
+    events = reader.schema(SCHEMA).load()
+
+    def per_batch(batch: Any, batch_id: int) -> None:
+        counts = (batch.where(F.col("ts").isNotNull())
+                  .groupBy(F.date_format(F.date_trunc("minute", "ts"),
+                                         "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("minute"), "key")
+                  .agg(F.count(F.lit(1)).alias("events"))
+                  .withColumn("batch", F.lit(batch_id)))
+        (counts.coalesce(1).write.format("quire").option("brokers", params.brokers)
+         .option("journal", params.out_journal).mode("append").save())
+
+    return (events.writeStream.foreachBatch(per_batch)
+            .option("checkpointLocation", params.checkpoint)
+            .trigger(processingTime=f"{params.trigger_seconds} seconds").start())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from spark.jobs.common import session
+
+    p = argparse.ArgumentParser(description=f"{NAME}: {DESCRIPTION}")
+    p.add_argument("--brokers", default=os.environ.get("QUIRE_BROKER", ""))
+    p.add_argument("--selector", default="")
+    p.add_argument("--journal", default="", help="source journal(s), comma-separated")
+    p.add_argument("--out-journal", required=True)
+    p.add_argument("--store", default="")
+    p.add_argument("--checkpoint", default="")
+    p.add_argument("--max-bytes-per-trigger", type=int, default=0)
+    p.add_argument("--master", default=None)
+    p.add_argument("--until-idle", action="store_true",
+                   help="stop once everything appended so far is counted")
+    ns = p.parse_args(argv)
+    if not ns.brokers or not (ns.selector or ns.journal):
+        p.error("give --brokers (or $QUIRE_BROKER) and --selector or --journal")
+    params = prepare(StreamParams(
+        brokers=ns.brokers, out_journal=ns.out_journal, store=ns.store, selector=ns.selector,
+        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger,
+        checkpoint=ns.checkpoint or tempfile.mkdtemp(prefix="quire-minute-counts-")))
+    spark = session(f"quire-{NAME}", ns.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        query = start(spark, params)
+        try:
+            if ns.until_idle:
+                query.processAllAvailable()
+            else:
+                query.awaitTermination()
+        finally:
+            query.stop()
+        for progress in query.recentProgress:
+            if progress["numInputRows"]:
+                print(f"{NAME}: micro-batch {progress['batchId']}: "
+                      f"{progress['numInputRows']} events -> {params.out_journal}")
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
