@@ -139,3 +139,46 @@ def test_dask_to_quire_one_transaction_per_partition(stream_cluster: Any) -> Non
             rows = [json.loads(line) for line in client.read_all(journal).splitlines()]
             assert sorted(r["n"] for r in rows) == list(range(k, 300, 2))
             assert all(set(r) == {"n"} for r in rows)  # the journal column is not a field
+
+
+_DIE_MID_APPEND = r"""
+import os, sys, tempfile
+import pyarrow as pa
+
+class DyingSpool(tempfile.SpooledTemporaryFile):
+    # The task's buffer: the process dies (as a killed executor would) once the append
+    # has streamed two chunks of it to the coordinator, before the commit.
+    reads = 0
+    def read(self, *args):
+        DyingSpool.reads += 1
+        if DyingSpool.reads > 2:
+            os._exit(9)
+        return super().read(*args)
+
+tempfile.SpooledTemporaryFile = DyingSpool
+from spark.appender import parse_sink_options, write_task
+
+opts = parse_sink_options({"brokers": sys.argv[1], "journal": sys.argv[2]}, ["n", "pad"])
+batch = pa.RecordBatch.from_pylist([{"n": i, "pad": "x" * 100} for i in range(40_000)])
+write_task(iter([batch]), opts)
+print("appended")  # never: the process dies mid-append
+"""
+
+
+def test_process_killed_mid_append_leaves_nothing(stream_cluster: Any) -> None:
+    """The sink's write path (spark.appender.write_task), killed while its one append per
+    journal is streaming (~4.5 MB, past two 1 MiB chunks): the coordinator rolls the
+    transaction back, nothing of it is visible, and the journal takes appends after."""
+    from quire.client import SyncClient
+
+    journal = "sink/killed/mid-append"
+    with SyncClient(stream_cluster.endpoints) as client:
+        make_journals(client, stream_cluster.store_url, [journal])
+        proc = subprocess.run([sys.executable, "-c", _DIE_MID_APPEND,
+                               ",".join(stream_cluster.endpoints), journal],
+                              capture_output=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+        assert b"appended" not in proc.stdout
+        assert client.append(journal, b'{"n":-1}\n').begin == 0  # nothing before it
+        assert client.read_all(journal) == b'{"n":-1}\n'
