@@ -110,3 +110,32 @@ def test_malformed_offsets_map_fails_at_load(quire_spark: Any, stream_cluster: A
         _stream(quire_spark, stream_cluster, journals="stream/aa",
                 startingOffsets=offsets).load()
     assert match in str(info.value)
+
+
+def test_starting_offsets_map_and_latest(quire_spark: Any, stream_cluster: Any) -> None:
+    from quire.client import SyncClient
+
+    from tests.spark.stream_helpers import message
+
+    journal = "stream/start/part-000"
+    with SyncClient(stream_cluster.endpoints) as client:
+        make_journals(client, stream_cluster.store_url, [journal])
+        append_messages(client, journal, 0, 20)  # 3 per append: message 6 starts one
+        sixth = sum(len(message(journal, i)) for i in range(6))
+
+        def run(name: str, starting: str, then: Any = None) -> list[int]:
+            query = (_stream(quire_spark, stream_cluster, journals=journal,
+                             startingOffsets=starting).schema(SCHEMA).load()
+                     .writeStream.format("memory").queryName(name).start())
+            try:
+                query.processAllAvailable()
+                if then is not None:
+                    then()
+                    query.processAllAvailable()
+            finally:
+                query.stop()
+            return sorted(r.n for r in quire_spark.sql(f"select n from {name}").collect())
+
+        assert run("from_map", json.dumps({journal: sixth})) == list(range(6, 20))
+        assert run("from_latest", "latest",
+                   lambda: append_messages(client, journal, 20, 10)) == list(range(20, 30))
