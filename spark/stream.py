@@ -112,7 +112,15 @@ class QuireStreamReader(DataSourceStreamReader):
     def heads(self, journals: list[str]) -> dict[str, int]:
         """Each journal's end: its write head, or (store-only) its contiguous persisted end."""
         if self.options.brokers:
-            return {j: self.client.write_head(j) for j in journals}
+            from protocol.errors import JournalNotFound
+
+            out = {}
+            for j in journals:
+                try:
+                    out[j] = self.client.write_head(j)
+                except JournalNotFound:
+                    pass  # deleted since it was read: it stays at its offset
+            return out
         from .planner import covering_runs
 
         out = {}
@@ -143,7 +151,7 @@ class QuireStreamReader(DataSourceStreamReader):
         journals = sorted(set(self.journals()) | set(start))
         heads = self.heads(journals)
         # A journal's end never moves back (a deleted journal keeps its offset).
-        heads = {j: max(h, start.get(j, 0)) for j, h in heads.items()}
+        heads = {j: max(heads.get(j, 0), start.get(j, 0)) for j in journals}
         max_bytes = getattr(limit, "max_bytes", None)
         if not max_bytes:
             return heads

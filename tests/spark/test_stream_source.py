@@ -139,3 +139,28 @@ def test_starting_offsets_map_and_latest(quire_spark: Any, stream_cluster: Any) 
         assert run("from_map", json.dumps({journal: sixth})) == list(range(6, 20))
         assert run("from_latest", "latest",
                    lambda: append_messages(client, journal, 20, 10)) == list(range(20, 30))
+
+
+def test_a_deleted_journal_leaves_the_stream_running(quire_spark: Any,
+                                                     stream_cluster: Any) -> None:
+    from quire.client import SyncClient
+
+    keep, gone = "stream/deleted/keep-000", "stream/deleted/gone-000"
+    with SyncClient(stream_cluster.endpoints) as client:
+        make_journals(client, stream_cluster.store_url, [keep, gone], topic="deleted")
+        append_messages(client, keep, 0, 5)
+        append_messages(client, gone, 0, 5)
+        query = (_stream(quire_spark, stream_cluster, selector="topic=deleted")
+                 .schema(SCHEMA).load()
+                 .writeStream.format("memory").queryName("deleted_journal").start())
+        try:
+            query.processAllAvailable()
+            client.delete(gone)
+            append_messages(client, keep, 5, 5)
+            query.processAllAvailable()
+            assert query.exception() is None
+        finally:
+            query.stop()
+    rows = quire_spark.sql("select journal, n from deleted_journal").collect()
+    assert sorted((r.journal, r.n) for r in rows) == sorted(
+        [(keep, n) for n in range(10)] + [(gone, n) for n in range(5)])
