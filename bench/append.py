@@ -19,11 +19,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 
-from bench.common import coordinator_argv, hello, hello_when_up, stop_processes, write_json
+from bench.common import (append_once, coordinator_argv, drive, hello, hello_when_up,
+                          stop_processes, write_json)
 from protocol import (
-    AppendChunk, AppendCommit, AppendRequest, AppendResponse, ApplyChange, ApplyRequest,
+    AppendResponse, ApplyChange, ApplyRequest,
     ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse, Status,
 )
 from protocol.stream import FrameStream
@@ -33,12 +33,7 @@ JOURNAL = "bench/append"
 
 
 async def _append(s: FrameStream, data: bytes) -> AppendResponse:
-    s.write(AppendRequest(journal=JOURNAL))
-    s.write(AppendChunk(), data)
-    s.write(AppendCommit())
-    await s.drain()
-    msg, _ = await s.read_message(AppendResponse)
-    return msg
+    return await append_once(s, JOURNAL, data)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -59,27 +54,8 @@ def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
 
 
 async def _load(endpoint: str, size: int, conns: int, seconds: float) -> tuple[int, float]:
-    data = os.urandom(size)
     streams = [await hello(endpoint) for _ in range(conns)]
-    count = 0
-    stop = time.monotonic() + seconds
-
-    async def worker(s: FrameStream) -> None:
-        nonlocal count
-        while time.monotonic() < stop:
-            r = await _append(s, data)
-            if r.status != Status.OK:
-                raise RuntimeError(f"append failed: {r.status.name} {r.message}")
-            count += 1
-
-    t0 = time.monotonic()
-    async with asyncio.TaskGroup() as tg:
-        for s in streams:
-            tg.create_task(worker(s))
-    elapsed = time.monotonic() - t0
-    for s in streams:
-        await s.close()
-    return count, elapsed
+    return await drive(streams, JOURNAL, os.urandom(size), seconds)
 
 
 async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) -> dict:

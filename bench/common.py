@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from protocol import Hello, HelloAck
+from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, Hello, HelloAck
 from protocol.stream import FrameStream
 
 __all__ = ["coordinator_argv", "hello", "hello_when_up", "stop_processes", "write_json"]
@@ -42,12 +42,48 @@ def stop_processes(procs: Iterable[subprocess.Popen]) -> None:
             p.kill()
 
 
-async def hello(endpoint: str) -> FrameStream:
+async def hello(endpoint: str, *, ssl: Any = None, token: str = "") -> FrameStream:
     """A connection to `endpoint` past the Hello / HelloAck handshake."""
-    s = await FrameStream.connect(endpoint)
-    await s.send(Hello())
+    s = await FrameStream.connect(endpoint, timeout=10.0, ssl=ssl)
+    await s.send(Hello(token=token))
     await s.read_message(HelloAck)
     return s
+
+
+async def append_once(s: FrameStream, journal: str, data: bytes) -> AppendResponse:
+    """One whole append (request, content, commit) on a raw connection."""
+    s.write(AppendRequest(journal=journal))
+    if data:
+        s.write(AppendChunk(), data)
+    s.write(AppendCommit())
+    await s.drain()
+    msg, _ = await s.read_message(AppendResponse)
+    return msg
+
+
+async def drive(streams: list[FrameStream], journal: str, data: bytes,
+                seconds: float) -> tuple[int, float]:
+    """Appends of `data` back to back on every stream for `seconds`, then closes them:
+    (appends acknowledged, elapsed seconds). A refused append ends the run."""
+    count = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(s: FrameStream) -> None:
+        nonlocal count
+        while time.monotonic() < stop:
+            r = await append_once(s, journal, data)
+            if r.status.name != "OK":
+                raise RuntimeError(f"{journal}: append failed: {r.status.name} {r.message}")
+            count += 1
+
+    t0 = time.monotonic()
+    async with asyncio.TaskGroup() as tg:
+        for s in streams:
+            tg.create_task(worker(s))
+    elapsed = time.monotonic() - t0
+    for s in streams:
+        await s.close()
+    return count, elapsed
 
 
 async def hello_when_up(endpoint: str, timeout: float = 30.0) -> FrameStream:

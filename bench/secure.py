@@ -30,10 +30,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from bench.common import coordinator_argv, stop_processes, write_json
+from bench.common import append_once, coordinator_argv, drive, hello, stop_processes, write_json
 from protocol import (
-    AppendChunk, AppendCommit, AppendRequest, AppendResponse, ApplyChange, ApplyRequest,
-    ApplyResponse, Codec, FragmentSpec, Hello, HelloAck, JournalSpec, ListRequest, ListResponse,
+    AppendResponse, ApplyChange, ApplyRequest,
+    ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse,
     Status,
 )
 from protocol.auth import Capability, Keyring, Scope
@@ -61,20 +61,11 @@ class Variant:
 
 
 async def _hello(v: Variant, endpoint: str) -> FrameStream:
-    s = await FrameStream.connect(endpoint, timeout=10.0, ssl=v.ssl)
-    await s.send(Hello(token=v.token))
-    await s.read_message(HelloAck)
-    return s
+    return await hello(endpoint, ssl=v.ssl, token=v.token)
 
 
 async def _append(s: FrameStream, data: bytes) -> AppendResponse:
-    s.write(AppendRequest(journal=JOURNAL))
-    if data:
-        s.write(AppendChunk(), data)
-    s.write(AppendCommit())
-    await s.drain()
-    msg, _ = await s.read_message(AppendResponse)
-    return msg
+    return await append_once(s, JOURNAL, data)
 
 
 async def _prepare(v: Variant, timeout: float = 60.0) -> None:
@@ -111,26 +102,8 @@ async def _prepare(v: Variant, timeout: float = 60.0) -> None:
 
 
 async def _phase(v: Variant, seconds: float) -> dict:
-    data = os.urandom(SIZE)
     streams = [await _hello(v, v.primary) for _ in range(CONNS)]
-    count = 0
-    stop = time.monotonic() + seconds
-
-    async def worker(s: FrameStream) -> None:
-        nonlocal count
-        while time.monotonic() < stop:
-            r = await _append(s, data)
-            if r.status != Status.OK:
-                raise RuntimeError(f"{v.name}: append failed: {r.status.name} {r.message}")
-            count += 1
-
-    t0 = time.monotonic()
-    async with asyncio.TaskGroup() as tg:
-        for s in streams:
-            tg.create_task(worker(s))
-    elapsed = time.monotonic() - t0
-    for s in streams:
-        await s.close()
+    count, elapsed = await drive(streams, JOURNAL, os.urandom(SIZE), seconds)
     return {"appends": count, "seconds": round(elapsed, 2),
             "mb_s": round(count * SIZE / elapsed / 1e6, 1), "load_avg_1m": os.getloadavg()[0]}
 

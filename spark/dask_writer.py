@@ -1,7 +1,7 @@
 """Dask: the sink's write path for a Dask DataFrame.
 
     from spark.dask_writer import to_quire
-    to_quire(ddf, "10.0.0.1:8080", journal="topics/counts/part-000")   # or journal_column=
+    to_quire(ddf, "broker-1:8080", journal="topics/counts/part-000")   # or journal_column=
 
 Each partition is one task: its rows are encoded as the Spark sink encodes them
 (spark.appender: a `value` column plus a newline, or each row as a JSON line) and

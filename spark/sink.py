@@ -1,6 +1,6 @@
 """`df.write.format("quire")` and `writeStream.format("quire")`: rows appended to journals.
 
-    (df.write.format("quire").option("brokers", "10.0.0.1:8080")
+    (df.write.format("quire").option("brokers", "broker-1:8080")
        .option("journal", "topics/counts/part-000").mode("append").save())
 
 Each Spark task buffers its rows per target journal (a spooled temporary file, on disk

@@ -1,7 +1,7 @@
 """`spark.readStream.format("quire")`: journals as a Structured Streaming source.
 
     df = (spark.readStream.format("quire")
-          .option("store", "s3://bucket/quire/").option("brokers", "10.0.0.1:8080")
+          .option("store", "s3://bucket/quire/").option("brokers", "broker-1:8080")
           .option("selector", "prefix=topics/clicks/")
           .option("startingOffsets", "earliest").option("maxBytesPerTrigger", 64 << 20)
           .load())
