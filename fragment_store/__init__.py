@@ -7,6 +7,7 @@ Layer 2: imports `protocol` and third-party libraries only.
     stores    FragmentStore (file://, s3://) and open_store(url)
     persist   persist_fragment / read_fragment / list_fragments
     index     CoverSet — the covering set of a journal's fragments
+    prune     plan_prune — which fragments retention and guards allow removing
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
 """

@@ -122,6 +122,15 @@ class FragmentStore(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove an object; removing an absent object is not an error."""
 
+    def delete_many(self, keys: Iterable[str]) -> list[str]:
+        """Remove several objects; absent ones are not an error. Returns the keys asked
+        for, in order. S3 overrides this with batched DeleteObjects requests."""
+        done: list[str] = []
+        for key in keys:
+            self.delete(key)
+            done.append(key)
+        return done
+
     @abc.abstractmethod
     def signed_url(self, key: str, ttl: float = 60.0) -> str:
         """A URL a client can GET the object from for `ttl` seconds."""

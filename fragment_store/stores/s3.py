@@ -18,12 +18,13 @@ source raises is aborted, so nothing becomes visible under the key.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import urllib3
 from minio import Minio
+from minio.deleteobjects import DeleteObject
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
 
 from protocol import QuireError, validate_store_url
@@ -38,6 +39,9 @@ from ..errors import (
 from .base import READ_CHUNK, ChunkFile, Data, FragmentStore, ObjectInfo, check_key, check_prefix
 
 MIN_PART_SIZE = 5 << 20
+DELETE_BATCH = 1000
+"""Keys per DeleteObjects request (the S3 maximum)."""
+DELETE_ATTEMPTS = 3
 DEFAULT_PART_SIZE = 16 << 20
 
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -215,6 +219,31 @@ class S3Store(FragmentStore):
             raise map_error(exc, self.url, key) from None
         except Exception as exc:
             raise map_error(exc, self.url, key) from None
+
+    def delete_many(self, keys: Iterable[str]) -> list[str]:
+        """DeleteObjects in batches of DELETE_BATCH; keys that fail (other than absent
+        ones) are retried up to DELETE_ATTEMPTS times, then StoreError names the first."""
+        asked = [check_key(k) for k in keys]
+        for start in range(0, len(asked), DELETE_BATCH):
+            pending = asked[start:start + DELETE_BATCH]
+            for attempt in range(DELETE_ATTEMPTS):
+                try:
+                    errors = list(self._client.remove_objects(
+                        bucket_name=self.bucket,
+                        delete_object_list=[DeleteObject(self._name(k)) for k in pending]))
+                except Exception as exc:
+                    if attempt + 1 == DELETE_ATTEMPTS:
+                        raise map_error(exc, self.url, pending[0]) from None
+                    continue
+                strip = len(self.prefix)
+                pending = [e.name[strip:] for e in errors
+                           if e.code not in ("NoSuchKey", "NoSuchObject")]
+                if not pending:
+                    break
+            else:
+                raise StoreUnavailable(f"DeleteObjects failed for {len(pending)} keys after "
+                                       f"{DELETE_ATTEMPTS} attempts", self.url, pending[0])
+        return asked
 
     def signed_url(self, key: str, ttl: float = 60.0) -> str:
         try:

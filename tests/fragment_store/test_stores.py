@@ -212,3 +212,15 @@ def test_errors_pickle() -> None:
     err = FragmentNotFound("no such object", "s3://b/", "j/k")
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is FragmentNotFound and str(back) == str(err) and back.key == "j/k"
+
+
+def test_delete_many_removes_only_the_keys_given(store: FragmentStore) -> None:
+    keys = [f"j/{i:04d}" for i in range(1205)] if isinstance(store, S3Store) \
+        else [f"j/{i:04d}" for i in range(30)]  # S3: more than one DeleteObjects batch
+    for k in keys:
+        store.put(k, b"x")
+    store.put("j2/keep", b"y")
+    gone = keys[:-1] + ["j/absent"]  # an absent key is not an error
+    assert store.delete_many(gone) == gone
+    assert [i.key for i in store.list()] == [keys[-1], "j2/keep"]
+    assert store.delete_many(gone) == gone  # idempotent: a second run finds nothing
