@@ -6,7 +6,7 @@ listed in `TASK_MODULES`; callers outside this role send tasks by name and
 never import this package.
 
 Queues: `persist` (fragment uploads, long), `index` (store listings), `pulse`
-(zero-byte appends), and `celery` (health pings). Beat runs a fixed handful of
+(zero-byte appends), `prune` (retention deletes), and `celery` (health pings). Beat runs a fixed handful of
 sweeps whatever the number of journals; each sweep fans out per-journal tasks.
 """
 
@@ -21,9 +21,10 @@ from protocol.config import Settings, load_settings
 from protocol.logs import configure_logging, get_logger
 from workers.config import WorkerSettings, load_worker_settings
 
-TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse"]
+TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse",
+                "workers.prune"]
 
-QUEUES = ("persist", "index", "pulse")
+QUEUES = ("persist", "index", "pulse", "prune")
 
 log = get_logger(__name__)
 
@@ -62,6 +63,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
             "workers.persist.*": {"queue": "persist"},
             "workers.index.*": {"queue": "index"},
             "workers.pulse.*": {"queue": "pulse"},
+            "workers.prune.*": {"queue": "prune"},
         },
         task_default_queue="celery",
         # Every task here is idempotent (it re-checks the world when it runs),

@@ -128,3 +128,13 @@ def read_topology_sync(etcd_url: str, root: str, *, timeout: float = 10.0,
                        journal: str | None = None) -> Topology:
     """For Celery tasks (sync code): one event loop per call."""
     return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal))
+
+
+def read_value_sync(etcd_url: str, key: str, *, timeout: float = 10.0) -> bytes | None:
+    """One key's value (None if absent), for Celery tasks."""
+
+    async def run(client: aetcd.Client) -> bytes | None:
+        kv = await client.get(key.encode())
+        return None if kv is None else kv.value
+
+    return asyncio.run(_with_client(etcd_url, timeout, run))

@@ -1,0 +1,78 @@
+"""Pruning by retention with a real worker on the `prune` queue, real etcd and S3."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from fragment_store import CoverSet, fragment_key
+from protocol import FragmentSpec, JournalSpec
+from tools.services import wait_for
+
+from .test_workers_index import put_fragment, s3_store
+from .workers_support import put_keys, s3_url
+
+
+def put_retained_journal(etcd, root: str, name: str, store_url: str, retention: float) -> None:  # type: ignore[no-untyped-def]
+    spec = JournalSpec(name=name, replication=1, fragment=FragmentSpec(
+        length=1 << 20, compression_codec="gzip", stores=(store_url,), retention=retention))
+    spec.validate()
+    put_keys(etcd, {f"{root}/journals/{name}": msgspec.json.encode(spec)})
+
+
+def run(client, journal: str, dry_run: bool = False) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return client.send_task("workers.prune.prune_journal", args=[journal, dry_run],
+                            queue="prune").get(timeout=60)
+
+
+def test_old_fragments_go_young_and_head_stay_dry_run_lists_the_same(
+        start_worker, client, etcd, etcd_root, s3, s3_bucket, redis_db) -> None:
+    url = s3_url(s3_bucket, "pr/")
+    store = s3_store(s3, url)
+    j, all_old = "acme/pruned", "acme/all-old"
+    old = [put_fragment(store, j, b, bytes([65 + i]) * 100) for i, b in enumerate((0, 100, 200))]
+    only = [put_fragment(store, all_old, b, b"z" * 50) for b in (0, 50)]
+    oldest_age = max(f.mod_time for f in old + only)
+    wait_for(lambda: time.time() > oldest_age + 2.5, timeout=10, what="the old fragments to age")
+    young = put_fragment(store, j, 300, b"y" * 100)
+    for name in (j, all_old):
+        put_retained_journal(etcd, etcd_root, name, url, retention=2.0)
+    start_worker(queues=("prune", "index"))
+
+    dry = run(client, j, dry_run=True)
+    assert [r["key"] for r in dry["removed"]] == [fragment_key(f) for f in old]
+    assert all(store.exists(fragment_key(f)) for f in old)  # dry-run removes nothing
+
+    real = run(client, j)
+    assert real["removed"] == dry["removed"] and real["first_retained"] == 300
+    assert [i.key for i in store.list(j + "/")] == [fragment_key(young)]
+    cover = CoverSet.from_json(redis_db.client.get(f"quire:index:{j}"), j)
+    assert [(f.begin, f.end) for f in cover] == [(300, 400)]  # gone from the index too
+
+    # Every fragment of this journal is old: the one holding the head stays.
+    assert [r["end"] for r in run(client, all_old)["removed"]] == [50]
+    assert [i.key for i in store.list(all_old + "/")] == [fragment_key(only[1])]
+
+
+def test_guard_offset_bounds_pruning_and_two_runs_at_once_both_succeed(
+        start_worker, client, etcd, etcd_root, s3, s3_bucket) -> None:
+    url = s3_url(s3_bucket, "guard/")
+    store = s3_store(s3, url)
+    j = "acme/guarded"
+    frags = [put_fragment(store, j, b, b"g" * 10) for b in range(0, 100, 10)]
+    newest = max(f.mod_time for f in frags)
+    wait_for(lambda: time.time() > newest + 2.5, timeout=10, what="the fragments to age")
+    put_retained_journal(etcd, etcd_root, j, url, retention=2.0)
+    put_keys(etcd, {f"{etcd_root}/guards/{j}": b"30"})
+    start_worker(queues=("prune", "index"), concurrency=2)
+
+    assert [r["end"] for r in run(client, j)["removed"]] == [10, 20, 30]
+    assert [i.key for i in store.list(j + "/")] == [fragment_key(f) for f in frags[3:]]
+
+    put_keys(etcd, {f"{etcd_root}/guards/{j}": b"1000"})
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda _: run(client, j), range(2))  # .get() raises on any error
+    assert {r["end"] for r in a["removed"] + b["removed"]} == {40, 50, 60, 70, 80, 90}
+    assert [i.key for i in store.list(j + "/")] == [fragment_key(frags[-1])]

@@ -1,0 +1,102 @@
+"""Pruning by retention (queue `prune`).
+
+`prune(journal, dry_run=False)`:
+
+1. read the journal's spec from etcd; no spec, or `fragment.retention <= 0`: nothing;
+2. list every store of the spec (the store is authoritative);
+3. read the guard offset `<root>/guards/<journal>` (decimal; the lowest offset a
+   consumer shard or recovery log still needs; absent = no guard);
+4. plan with fragment_store.prune.plan_prune. The head the planner protects is the
+   end of the listed fragments: the fragment holding the newest persisted byte is never
+   removed, and content not yet persisted is not in the listing at all, so it cannot be;
+5. unless `dry_run`, delete the planned objects (`delete_many`: batched on S3, absent
+   keys are not an error, so two runs at once both succeed and a run killed midway is
+   simply finished by the next) and refresh the index, so coordinators and batch
+   readers stop offering them; a read at a pruned offset then jumps to the first
+   retained byte.
+
+Returns `{"journal", "dry_run", "removed": [{"key", "store", "begin", "end", "mod_time"}],
+"first_retained"}` — the same plan whether dry or not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fragment_store import fragment_key, list_fragments
+from fragment_store.prune import plan_prune
+from protocol import Fragment
+from protocol.logs import bind, get_logger
+from workers import common
+from workers.app import app
+from fragment_store import StoreUnavailable
+from workers.errors import RETRIABLE
+from workers.index import refresh
+from workers.topology import read_topology_sync, read_value_sync
+
+__all__ = ["guard_key", "prune", "prune_journal", "read_guard"]
+
+log = get_logger(__name__)
+
+
+def guard_key(root: str, journal: str) -> str:
+    """The etcd key consumers write the lowest offset they still need under."""
+    return f"{root}/guards/{journal}"
+
+
+def read_guard(etcd_url: str, root: str, journal: str, *, timeout: float = 10.0) -> int | None:
+    """The guard offset of `journal`, or None if no consumer published one."""
+    raw = read_value_sync(etcd_url, guard_key(root, journal), timeout=timeout)
+    if raw is None:
+        return None
+    try:
+        return int(raw.decode().strip())
+    except ValueError:
+        # An unreadable guard must not unlock deletion: treat it as "keep everything".
+        log.warning("unreadable guard offset; pruning nothing", key=guard_key(root, journal))
+        return 0
+
+
+def _row(f: Fragment) -> dict[str, Any]:
+    return {"key": fragment_key(f), "store": f.backing_store, "begin": f.begin, "end": f.end,
+            "mod_time": f.mod_time}
+
+
+def prune(journal: str, dry_run: bool = False, now: float | None = None) -> dict[str, Any]:
+    """The task body, callable without Celery."""
+    ws = common.worker_settings()
+    s = common.settings()
+    now = time.time() if now is None else now
+    topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout, journal=journal)
+    jt = topo.journals.get(journal)
+    out: dict[str, Any] = {"journal": journal, "dry_run": dry_run, "removed": [],
+                           "first_retained": 0}
+    if jt is None or jt.spec.fragment.retention <= 0:
+        return out
+    listed: list[Fragment] = []
+    for url in jt.spec.fragment.stores:
+        listed.extend(list_fragments(common.store(url), journal))
+    head = max((f.end for f in listed), default=0)
+    guard = read_guard(s.etcd_url, s.etcd_root, journal, timeout=ws.io_timeout)
+    plan = plan_prune(listed, now=now, retention=jt.spec.fragment.retention, head=head,
+                      guard=guard)
+    out["removed"] = [_row(f) for f in plan.remove]
+    out["first_retained"] = plan.first_retained
+    if plan.remove and not dry_run:
+        by_store: dict[str, list[str]] = {}
+        for f in plan.remove:
+            by_store.setdefault(f.backing_store, []).append(fragment_key(f))
+        for url, keys in by_store.items():
+            common.store(url).delete_many(keys)
+        refresh(journal)
+    log.info("prune", removed=len(plan.remove), first_retained=plan.first_retained,
+             guard=guard, dry_run=dry_run)
+    return out
+
+
+@app.task(name="workers.prune.prune_journal", bind=True, autoretry_for=(*RETRIABLE, StoreUnavailable),
+          retry_backoff=True, retry_backoff_max=60, retry_jitter=True, max_retries=5)
+def prune_journal(self: Any, journal: str, dry_run: bool = False) -> dict[str, Any]:
+    with bind(journal=journal, task_id=self.request.id):
+        return prune(journal, dry_run)
