@@ -82,6 +82,11 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
                 "schedule": worker.index_sweep_interval,
                 "options": {"queue": "index", "expires": worker.index_sweep_interval},
             },
+            "prune-sweep": {
+                "task": "workers.prune.sweep",
+                "schedule": worker.prune_interval,
+                "options": {"queue": "prune", "expires": worker.prune_interval},
+            },
             "pulse-sweep": {
                 "task": "workers.pulse.sweep",
                 "schedule": worker.pulse_interval,

@@ -26,6 +26,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     own `fragment.refresh_interval` has elapsed, so this only bounds the jitter."""
     pulse_interval: float = 60.0
     """How often beat runs `workers.pulse.sweep` (a zero-byte append per journal)."""
+    prune_interval: float = 300.0
+    """How often beat runs `workers.prune.sweep` (one `prune_journal` per journal with a
+    retention)."""
     io_timeout: float = 30.0
     """Socket timeout for replica fetches, etcd calls, Redis and store requests."""
     persist_time_limit: float = 600.0
@@ -41,6 +44,7 @@ _FIELDS = {
     "visibility_timeout": ("QUIRE_WORKER_VISIBILITY_TIMEOUT", float, 1.0),
     "index_sweep_interval": ("QUIRE_WORKER_INDEX_SWEEP_INTERVAL", float, 0.1),
     "pulse_interval": ("QUIRE_WORKER_PULSE_INTERVAL", float, 0.1),
+    "prune_interval": ("QUIRE_WORKER_PRUNE_INTERVAL", float, 0.1),
     "io_timeout": ("QUIRE_WORKER_IO_TIMEOUT", float, 0.1),
     "persist_time_limit": ("QUIRE_WORKER_PERSIST_TIME_LIMIT", float, 1.0),
     "persist_read_rate": ("QUIRE_WORKER_PERSIST_READ_RATE", int, 0),

@@ -15,6 +15,9 @@
    readers stop offering them; a read at a pruned offset then jumps to the first
    retained byte.
 
+`sweep()` (beat, every `QUIRE_WORKER_PRUNE_INTERVAL`, default 300 s) enqueues
+`prune_journal` for every journal whose spec has a retention.
+
 Returns `{"journal", "dry_run", "removed": [{"key", "store", "begin", "end", "mod_time"}],
 "first_retained"}` — the same plan whether dry or not.
 """
@@ -31,11 +34,11 @@ from protocol.logs import bind, get_logger
 from workers import common
 from workers.app import app
 from fragment_store import StoreUnavailable
-from workers.errors import RETRIABLE
+from workers.errors import MAINTENANCE_RETRY, RETRIABLE
 from workers.index import refresh
 from workers.topology import read_topology_sync, read_value_sync
 
-__all__ = ["guard_key", "prune", "prune_journal", "read_guard"]
+__all__ = ["guard_key", "prune", "prune_journal", "read_guard", "sweep"]
 
 log = get_logger(__name__)
 
@@ -100,3 +103,19 @@ def prune(journal: str, dry_run: bool = False, now: float | None = None) -> dict
 def prune_journal(self: Any, journal: str, dry_run: bool = False) -> dict[str, Any]:
     with bind(journal=journal, task_id=self.request.id):
         return prune(journal, dry_run)
+
+
+@app.task(name="workers.prune.sweep", bind=True, ignore_result=True, **MAINTENANCE_RETRY)
+def sweep(self: Any) -> int:
+    """Beat, every QUIRE_WORKER_PRUNE_INTERVAL: one prune_journal per journal whose
+    spec has a retention (journals that keep forever cost nothing)."""
+    ws = common.worker_settings()
+    with common.sweep_topology("prune", ws.prune_interval) as topo:
+        if topo is None:
+            log.info("another prune sweep is running; skipping")
+            return 0
+        due = sorted(n for n, jt in topo.journals.items() if jt.spec.fragment.retention > 0)
+        for name in due:
+            prune_journal.apply_async(args=[name], expires=ws.prune_interval)
+        log.info("prune sweep", journals=len(topo.journals), enqueued=len(due))
+        return len(due)

@@ -76,3 +76,33 @@ def test_guard_offset_bounds_pruning_and_two_runs_at_once_both_succeed(
         a, b = pool.map(lambda _: run(client, j), range(2))  # .get() raises on any error
     assert {r["end"] for r in a["removed"] + b["removed"]} == {40, 50, 60, 70, 80, 90}
     assert [i.key for i in store.list(j + "/")] == [fragment_key(frags[-1])]
+
+
+def test_beat_prunes_journals_with_a_retention_and_leaves_the_rest(
+        start_worker, env, etcd, etcd_root, s3, s3_bucket, tmp_path) -> None:
+    import sys
+    import uuid
+
+    from tools.services import Service
+
+    url = s3_url(s3_bucket, "beat/")
+    store = s3_store(s3, url)
+    kept, pruned = "acme/keeps-forever", "acme/retained"
+    frags = {n: [put_fragment(store, n, b, b"b" * 10) for b in (0, 10)] for n in (kept, pruned)}
+    newest = max(f.mod_time for fs in frags.values() for f in fs)
+    wait_for(lambda: time.time() > newest + 2.5, timeout=10, what="the fragments to age")
+    put_retained_journal(etcd, etcd_root, kept, url, retention=0.0)
+    put_retained_journal(etcd, etcd_root, pruned, url, retention=2.0)
+    start_worker(queues=("prune", "index"), QUIRE_WORKER_PRUNE_INTERVAL="0.5")
+    beat = Service(f"beat-{uuid.uuid4().hex[:6]}", [
+        sys.executable, "-m", "celery", "-A", "workers.app", "beat",
+        "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"],
+        env={**env, "QUIRE_WORKER_PRUNE_INTERVAL": "0.5"})
+    beat.start()
+    try:
+        wait_for(lambda: len(list(store.list(pruned + "/"))) == 1, timeout=30,
+                 what="beat to prune the retained journal")
+    finally:
+        beat.close()
+    assert [i.key for i in store.list(pruned + "/")] == [fragment_key(frags[pruned][1])]
+    assert len(list(store.list(kept + "/"))) == 2  # retention 0 keeps forever
