@@ -135,6 +135,38 @@ def suspend(ctx: typer.Context,
             f"{journal}: suspend requested at offset {result.end}")
 
 
+@app.command("prune")
+def prune(ctx: typer.Context, selector: str = SelectorOption,
+          dry_run: bool = typer.Option(False, "--dry-run",
+                                       help="List what would be removed, remove nothing."),
+          timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the workers."),
+          output: Output = OutputOption) -> None:
+    """Remove fragments older than each selected journal's retention, through the
+    workers' `prune` task (never unpersisted content, the head, or beyond a guard)."""
+    from protocol.config import load_settings
+    from tools.services import celery_client
+
+    entries = run(ctx, lambda c: c.list_journals(selector))
+    celery = celery_client(load_settings().redis_url)
+    try:
+        sent = [celery.send_task("workers.prune.prune_journal", args=[e.spec.name, dry_run],
+                                 queue="prune") for e in entries]
+        plans = [r.get(timeout=timeout) for r in sent]
+    except Exception as exc:  # noqa: BLE001 - one line, non-zero exit
+        raise CliError(f"prune task failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        celery.close()
+    rows = [{"journal": p["journal"], "dry_run": dry_run, **r} for p in plans for r in p["removed"]]
+    if output is Output.json:
+        emit_json_lines(rows)
+    elif output is Output.yaml:
+        emit_yaml(rows)
+    else:
+        title = f"{'would remove' if dry_run else 'removed'} {len(rows)} fragments"
+        emit_table(title, ["journal", "begin", "end", "key", "store"],
+                   [(r["journal"], r["begin"], r["end"], r["key"], r["store"]) for r in rows])
+
+
 def _report(output: Output, row: dict, text: str) -> None:
     if output is Output.json:
         emit_json_lines([row])

@@ -1,0 +1,72 @@
+"""`quire journals prune` through a real coordinator, etcd, Redis and a prune worker."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from fragment_store import fragment_key, open_store, persist_fragment
+from protocol import Fragment, FragmentSpec, JournalSpec
+from tools.local_cluster import hello_probe
+from tools.services import CeleryWorkerService, Service, free_port
+
+from tests.workers.workers_support import put_keys, worker_env
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store_url = (tmp_path / "store").as_uri() + "/"
+    store = open_store(store_url)
+    j = "cli/pruned"
+    frags = []
+    for b in (0, 10, 20):
+        data = bytes([97 + b // 10]) * 10
+        frags.append(persist_fragment(store, Fragment(journal=j, begin=b, end=b + 10,
+                                                      sum=hashlib.sha1(data).hexdigest(),
+                                                      codec="none"), data))
+    old = time.time() - 3600
+    for f in frags:
+        os.utime(store.root / fragment_key(f), (old, old))  # an hour old, no waiting
+    spec = JournalSpec(name=j, replication=1, fragment=FragmentSpec(
+        length=1 << 20, compression_codec="none", stores=(store_url,), retention=60.0))
+    put_keys(etcd, {f"{etcd_root}/journals/{j}": msgspec.json.encode(spec)})
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    coord = Service(f"prune-coord-{uuid.uuid4().hex[:6]}", [
+        sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", "prune-coord",
+        "--listen", endpoint, "--etcd", etcd.url, "--root", etcd_root,
+        "--spool-dir", str(tmp_path / "spool"), "--lease-ttl", "5"],
+        workdir=tmp_path / "c", probe=lambda: hello_probe(endpoint), ready_timeout=60)
+    env = worker_env(redis_db.url, etcd, etcd_root, None)
+    worker = CeleryWorkerService(f"w{uuid.uuid4().hex[:6]}", redis_url=redis_db.url,
+                                 queues=("prune", "index"), pool="threads", concurrency=2, env=env)
+    coord.start()
+    worker.start()
+    try:
+        def quire(*args: str) -> str:
+            proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "prune",
+                                   *args], capture_output=True, timeout=90,
+                                  env={**os.environ, **env, "QUIRE_BROKER": endpoint})
+            assert proc.returncode == 0, proc.stderr.decode()
+            return proc.stdout.decode()
+
+        dry = [json.loads(ln) for ln in quire("--dry-run", "-o", "json").splitlines()]
+        assert [r["key"] for r in dry] == [fragment_key(f) for f in frags[:2]]
+        assert all(r["dry_run"] for r in dry)
+        assert len(list(store.list(j + "/"))) == 3  # nothing removed
+        real = [json.loads(ln) for ln in quire("-o", "json").splitlines()]
+        assert [r["key"] for r in real] == [r["key"] for r in dry]
+        assert [i.key for i in store.list(j + "/")] == [fragment_key(frags[2])]  # the head stays
+        assert "removed 0 fragments" in quire()
+    finally:
+        worker.close()
+        coord.close()
