@@ -119,3 +119,39 @@ def sweep(self: Any) -> int:
             prune_journal.apply_async(args=[name], expires=ws.prune_interval)
         log.info("prune sweep", journals=len(topo.journals), enqueued=len(due))
         return len(due)
+
+
+def purge(journal: str, stores: list[str]) -> dict[str, Any]:
+    """Remove every object of a deleted journal from `stores`: its fragments and its
+    index manifest. Refuses if the journal has a spec again (re-created during the
+    grace period). Objects of a live journal nested under this name (`a/b/c` under
+    `a/b`) stay, and a neighbour whose name this one prefixes (`a/bc`) is never listed."""
+    from fragment_store import manifest_key
+
+    from workers.index import publish_index
+
+    ws = common.worker_settings()
+    s = common.settings()
+    topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
+    if journal in topo.journals:
+        log.info("journal has a spec again; not purging")
+        return {"journal": journal, "purged": False, "removed": 0}
+    nested = tuple(n + "/" for n in topo.journals if n.startswith(journal + "/"))
+    removed = 0
+    for url in stores:
+        st = common.store(url)
+        keys = [fragment_key(f) for f in list_fragments(st, journal)]
+        keys = [k for k in keys if not k.startswith(nested)] if nested else keys
+        st.delete_many([*keys, manifest_key(journal)])
+        removed += len(keys)
+    publish_index(journal, None)
+    log.info("purged", removed=removed, stores=len(stores))
+    return {"journal": journal, "purged": True, "removed": removed}
+
+
+@app.task(name="workers.prune.purge_journal", bind=True,
+          autoretry_for=(*RETRIABLE, StoreUnavailable), retry_backoff=True,
+          retry_backoff_max=60, retry_jitter=True, max_retries=5)
+def purge_journal(self: Any, journal: str, stores: list[str]) -> dict[str, Any]:
+    with bind(journal=journal, task_id=self.request.id):
+        return purge(journal, stores)

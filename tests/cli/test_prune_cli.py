@@ -70,3 +70,51 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
     finally:
         worker.close()
         coord.close()
+
+
+def test_delete_purge_removes_only_that_journals_objects(etcd, etcd_root, redis_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fragment_store import manifest_key, write_manifest
+    from fragment_store.index import CoverSet
+
+    store_url = (tmp_path / "store").as_uri() + "/"
+    store = open_store(store_url)
+    gone, prefixed, nested = "cli/n", "cli/nn", "cli/n/sub"  # "cli/n" prefixes both names
+    keys: dict[str, list[str]] = {}
+    for j in (gone, prefixed, nested):
+        spec = JournalSpec(name=j, replication=1, fragment=FragmentSpec(
+            length=1 << 20, compression_codec="none", stores=(store_url,)))
+        put_keys(etcd, {f"{etcd_root}/journals/{j}": msgspec.json.encode(spec)})
+        fs = []
+        for b in (0, 10):
+            data = b"p" * 10
+            fs.append(persist_fragment(store, Fragment(journal=j, begin=b, end=b + 10,
+                                                       sum=hashlib.sha1(data).hexdigest(),
+                                                       codec="none"), data))
+        write_manifest(store, j, CoverSet(fs))
+        keys[j] = [fragment_key(f) for f in fs] + [manifest_key(j)]
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    coord = Service(f"purge-coord-{uuid.uuid4().hex[:6]}", [
+        sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", "purge-coord",
+        "--listen", endpoint, "--etcd", etcd.url, "--root", etcd_root,
+        "--spool-dir", str(tmp_path / "spool"), "--lease-ttl", "5"],
+        workdir=tmp_path / "c", probe=lambda: hello_probe(endpoint), ready_timeout=60)
+    env = worker_env(redis_db.url, etcd, etcd_root, None)
+    worker = CeleryWorkerService(f"w{uuid.uuid4().hex[:6]}", redis_url=redis_db.url,
+                                 queues=("prune", "index"), pool="threads", concurrency=2, env=env)
+    coord.start()
+    worker.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "delete", gone,
+                               "--purge", "--grace", "0", "-o", "json"], capture_output=True,
+                              timeout=90, env={**os.environ, **env, "QUIRE_BROKER": endpoint})
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert json.loads(proc.stdout)["purge_after"] == 0
+        from tools.services import wait_for
+
+        wait_for(lambda: not any(store.exists(k) for k in keys[gone]), timeout=30,
+                 what="the deleted journal's objects to be purged")
+        assert all(store.exists(k) for k in keys[prefixed] + keys[nested])
+    finally:
+        worker.close()
+        coord.close()

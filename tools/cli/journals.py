@@ -105,11 +105,33 @@ def _print_changes(changes: list[ApplyChange], output: Output, revision: int | N
 
 @app.command("delete")
 def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Journal name."),
+           purge: bool = typer.Option(False, "--purge",
+                                      help="Also remove its objects from its stores, after --grace."),
+           grace: float = typer.Option(3600.0, "--grace",
+                                       help="Seconds before --purge removes the objects."),
            output: Output = OutputOption) -> None:
-    """Delete a journal's spec (its persisted fragments stay in the store)."""
+    """Delete a journal's spec; its persisted fragments stay unless --purge."""
+    stores: tuple[str, ...] = ()
+    if purge:
+        entries = run(ctx, lambda c: c.list_journals(""))
+        spec = next((e.spec for e in entries if e.spec.name == name), None)
+        stores = spec.fragment.stores if spec is not None else ()
     revision = run(ctx, lambda c: c.delete(name))
-    _report(output, {"journal": name, "deleted": True, "revision": revision},
-            f"deleted {name} at revision {revision}")
+    row: dict = {"journal": name, "deleted": True, "revision": revision}
+    text = f"deleted {name} at revision {revision}"
+    if purge and stores:
+        from protocol.config import load_settings
+        from tools.services import celery_client
+
+        celery = celery_client(load_settings().redis_url)
+        try:
+            celery.send_task("workers.prune.purge_journal", args=[name, list(stores)],
+                             queue="prune", countdown=max(0.0, grace))
+        finally:
+            celery.close()
+        row["purge_after"] = grace
+        text += f"; its objects will be purged in {grace:g}s"
+    _report(output, row, text)
 
 
 @app.command("reset-head")
