@@ -8,6 +8,7 @@ Layer 2: imports `protocol` and third-party libraries only.
     persist   persist_fragment / read_fragment / list_fragments
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
+    stats     store_stats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
 """

@@ -67,6 +67,19 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
         assert [r["key"] for r in real] == [r["key"] for r in dry]
         assert [i.key for i in store.list(j + "/")] == [fragment_key(frags[2])]  # the head stays
         assert "removed 0 fragments" in quire()
+
+        def stats(*args: str) -> str:
+            proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "list",
+                                   "--stats", *args], capture_output=True, timeout=60,
+                                  env={**os.environ, **env, "QUIRE_BROKER": endpoint})
+            assert proc.returncode == 0, proc.stderr.decode()
+            return proc.stdout.decode()
+
+        row = json.loads(stats("-o", "json"))
+        last = store.stat(fragment_key(frags[2]))
+        assert row == {"journal": j, "fragments": 1, "stored_bytes": 10, "oldest": last.mod_time,
+                       "newest": last.mod_time, "begin": 20, "end": 30}
+        assert "20..30" in stats()
     finally:
         worker.close()
         coord.close()

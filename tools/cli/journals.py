@@ -18,6 +18,7 @@ from .common import (
     emit_json_lines,
     emit_table,
     emit_yaml,
+    human_bytes,
     run,
     stdout,
 )
@@ -36,10 +37,15 @@ def _route(entry: ListEntry) -> str:
 
 @app.command("list")
 def list_journals(ctx: typer.Context, selector: str = SelectorOption,
+                  stats: bool = typer.Option(False, "--stats",
+                                             help="Storage per journal: fragments, stored bytes, "
+                                                  "oldest/newest fragment, offsets covered."),
                   output: Output = OutputOption) -> None:
     """List journals matching a label selector (all by default)."""
     entries = run(ctx, lambda c: c.list_journals(selector))
-    if output is Output.json:
+    if stats:
+        _print_stats(entries, output)
+    elif output is Output.json:
         emit_json_lines(entries)
     elif output is Output.yaml:
         emit_yaml(specfile.render(entries))
@@ -49,6 +55,33 @@ def list_journals(ctx: typer.Context, selector: str = SelectorOption,
                    [(e.spec.name, str(e.spec.labels), e.spec.replication, _route(e),
                      e.spec.fragment.compression_codec.value, " ".join(e.spec.fragment.stores),
                      e.mod_revision) for e in entries])
+
+
+def _print_stats(entries: list[ListEntry], output: Output) -> None:
+    """One listing per store of each journal (the stores are authoritative)."""
+    import time
+
+    from fragment_store import open_store
+    from fragment_store.stats import EMPTY, add, store_stats
+
+    rows = []
+    for e in entries:
+        total = EMPTY
+        for url in e.spec.fragment.stores:
+            total = add(total, store_stats(open_store(url), e.spec.name))
+        rows.append({"journal": e.spec.name, **total._asdict()})
+    if output is Output.json:
+        emit_json_lines(rows)
+    elif output is Output.yaml:
+        emit_yaml(rows)
+    else:
+        def when(t: int) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
+
+        emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets"],
+                   [(r["journal"], r["fragments"], human_bytes(r["stored_bytes"]),
+                     when(r["oldest"]), when(r["newest"]),
+                     f"{r['begin']}..{r['end']}" if r["fragments"] else "-") for r in rows])
 
 
 @app.command("apply")
