@@ -84,6 +84,18 @@ def _write_manifest(store_url: str, journal: str, cover: CoverSet, labels: Label
     return True
 
 
+def _export_stats(journal: str, stores: tuple[str, ...]) -> None:
+    """Storage gauges (quire_journal_*) from one more listing of each store."""
+    from fragment_store.stats import EMPTY, add, store_stats
+
+    total = EMPTY
+    for url in stores:
+        total = add(total, store_stats(common.store(url), journal))
+    metrics.JOURNAL_FRAGMENTS.labels(journal).set(total.fragments)
+    metrics.JOURNAL_STORED_BYTES.labels(journal).set(total.stored_bytes)
+    metrics.JOURNAL_OLDEST_FRAGMENT.labels(journal).set(total.oldest)
+
+
 def refresh(journal: str) -> dict[str, Any]:
     """The task body, callable without Celery."""
     ws = common.worker_settings()
@@ -93,6 +105,11 @@ def refresh(journal: str) -> dict[str, Any]:
     jt = topo.journals.get(journal)
     if jt is None:
         publish_index(journal, None)
+        for gauge in metrics.STORAGE_GAUGES:
+            try:
+                gauge.remove(journal)
+            except KeyError:
+                pass
         log.info("journal has no spec; its index was removed")
         return {"journal": journal, "fragments": 0, "deleted": True}
     stores = jt.spec.fragment.stores
@@ -100,6 +117,7 @@ def refresh(journal: str) -> dict[str, Any]:
     for url in stores:
         listed.extend(list_fragments(common.store(url), journal))
     cover = CoverSet(listed)
+    _export_stats(journal, stores)
     # Manifest first: once coordinators hear of an index, batch readers see it too.
     wrote = _write_manifest(stores[0], journal, cover, jt.spec.labels) if stores else False
     publish_index(journal, cover)

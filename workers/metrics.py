@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery.signals import task_failure, task_retry, task_success
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "INDEX_REFRESH_SECONDS",
@@ -46,6 +46,18 @@ INDEX_REFRESH_SECONDS = Histogram(
     "Time to list a journal's stores and publish its fragment index.",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+JOURNAL_FRAGMENTS = Gauge(
+    "quire_journal_fragments", "Fragments of a journal in its stores (index refresh).",
+    ["journal"], multiprocess_mode="max")
+JOURNAL_STORED_BYTES = Gauge(
+    "quire_journal_stored_bytes", "Bytes a journal occupies in its stores, after compression.",
+    ["journal"], multiprocess_mode="max")
+JOURNAL_OLDEST_FRAGMENT = Gauge(
+    "quire_journal_oldest_fragment_timestamp_seconds",
+    "Mod time of a journal's oldest stored fragment (0 if none).",
+    ["journal"], multiprocess_mode="max")
+STORAGE_GAUGES = (JOURNAL_FRAGMENTS, JOURNAL_STORED_BYTES, JOURNAL_OLDEST_FRAGMENT)
 
 
 def _name(sender: Any) -> str:

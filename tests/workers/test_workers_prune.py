@@ -106,3 +106,26 @@ def test_beat_prunes_journals_with_a_retention_and_leaves_the_rest(
         beat.close()
     assert [i.key for i in store.list(pruned + "/")] == [fragment_key(frags[pruned][1])]
     assert len(list(store.list(kept + "/"))) == 2  # retention 0 keeps forever
+
+
+def test_index_refresh_exports_storage_gauges(start_worker, client, etcd, etcd_root, s3,
+                                              s3_bucket, redis_db) -> None:
+    from tools.services import free_port
+
+    from .workers_support import scrape
+
+    url = s3_url(s3_bucket, "gauges/")
+    store = s3_store(s3, url)
+    j = "acme/accounted"
+    frags = [put_fragment(store, j, b, b"q" * 1000) for b in (0, 1000)]
+    put_retained_journal(etcd, etcd_root, j, url, retention=0.0)
+    port = free_port()
+    start_worker(queues=("index",), QUIRE_WORKER_METRICS_PORT=str(port))
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    label = f'{{journal="{j}"}}'
+    wait_for(lambda: scrape(port, "quire_journal_fragments").get(label) == 2, timeout=30,
+             what="the storage gauges")
+    stored = sum(store.stat(fragment_key(f)).size for f in frags)
+    assert scrape(port, "quire_journal_stored_bytes")[label] == stored
+    oldest = min(store.stat(fragment_key(f)).mod_time for f in frags)
+    assert scrape(port, "quire_journal_oldest_fragment_timestamp_seconds")[label] == oldest
