@@ -33,7 +33,7 @@ def test_gate_off_admits_everyone_and_on_verifies() -> None:
 
 def test_refusals_are_logged_once_per_connection_never_with_the_token() -> None:
     tok = RING.mint(Capability.READ, Scope.of(["team-a/"]), 60, "alice")
-    auth = Gate(RING).admit(tok, "10.0.0.1:5")
+    auth = Gate(RING).admit(tok, "127.0.0.2:5")
     with capture_logs() as logs:
         for j in ("team-b/x1", "team-b/x2", "team-c/x3"):
             assert auth.check(ReadRequest(journal=j), lambda _: None) is not None
