@@ -39,17 +39,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from protocol.logs import get_logger
+from fragment_store.index_keys import INDEX_CHANNEL, INDEX_KEY_PREFIX, REFRESHED_KEY
 from protocol import Fragment
+from protocol.logs import get_logger
 
 __all__ = ["IndexWatch", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "decode_index"]
 
 log = get_logger(__name__)
 
-INDEX_CHANNEL = "quire:index-updates"
-INDEX_KEY_PREFIX = "quire:index:"
-REFRESHED_KEY = "quire:index-refreshed"
-"""Hash journal -> unix time of the last successful refresh (written by the workers)."""
 
 _DECODER = msgspec.json.Decoder(tuple[Fragment, ...])
 

@@ -21,6 +21,9 @@ def command(
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="host:port to serve the dashboard on."),
     broker: str | None = typer.Option(None, "--broker", help="Coordinator host:port list (comma-separated); "
                                                                 "default: the members' endpoints in etcd."),
+    redis: str | None = typer.Option(None, "--redis",
+                                     help="Redis URL of the index workers, for the storage columns "
+                                          "(default QUIRE_REDIS_URL if set; none: no storage columns)."),
     timeout: float = typer.Option(2.0, "--timeout", help="Seconds allowed for each etcd or coordinator call."),
     log_format: str | None = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: str | None = typer.Option(None, "--log-level"),
@@ -47,7 +50,8 @@ def command(
     brokers = [b.strip() for b in (broker or "").split(",") if b.strip()]
 
     async def main() -> None:
-        collector = StateCollector(s.etcd_url, s.etcd_root, brokers=brokers, timeout=timeout)
+        collector = StateCollector(s.etcd_url, s.etcd_root, brokers=brokers, timeout=timeout,
+                                   redis_url=redis or os.environ.get("QUIRE_REDIS_URL") or None)
         server = DashboardServer(collector, host.strip("[]"), int(port), keyring=keyring)
         await server.serve_forever()
 
@@ -57,7 +61,7 @@ def command(
         pass
 
 
-command.__doc__ = "Serve the live web dashboard (journals, brokers, routes, write heads)."
+command.__doc__ = "Serve the live web dashboard (journals, brokers, routes, write heads, storage)."
 
 
 def main() -> None:

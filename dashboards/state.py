@@ -2,7 +2,9 @@
 
 etcd says what *should* be (specs, members, assignments, advertised routes); the
 coordinators say what *is* (their journal list, broker counts, each journal's write
-head). Either side may be down: what could not be read is reported in `errors` and the
+head); with a Redis URL, the index workers' storage accounting of each journal
+(`quire:journal-stats`: fragments, stored bytes, oldest fragment) is joined in too.
+Any side may be down: what could not be read is reported in `errors` and the
 rest of the snapshot is still served.
 """
 
@@ -14,9 +16,12 @@ import urllib.parse
 from typing import Any
 
 import aetcd
+import redis.asyncio as aioredis
 
-from quire.client import Client
+from fragment_store.index_keys import STATS_KEY, decode_stats
+from fragment_store.stats import StoreStats
 from protocol import ProcessId
+from quire.client import Client
 
 from .topology import Topology, consistency, decode, labels_of, route_of
 
@@ -30,8 +35,10 @@ class StateCollector:
     """Builds snapshots; at most one is built at a time and one is reused for `max_age`."""
 
     def __init__(self, etcd_url: str, root: str, *, brokers: list[str] | None = None,
-                 timeout: float = 2.0, max_age: float = 1.0) -> None:
+                 timeout: float = 2.0, max_age: float = 1.0, redis_url: str | None = None) -> None:
         self.etcd_url = etcd_url
+        self.redis_url = redis_url
+        self._redis: aioredis.Redis | None = None
         self.root = root.rstrip("/") or "/quire"
         self.brokers = list(brokers or [])
         self.timeout = timeout
@@ -50,6 +57,9 @@ class StateCollector:
         if self._etcd is not None:
             await self._etcd.close()
             self._etcd = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
 
     async def snapshot(self) -> dict[str, Any]:
         async with self._lock:
@@ -121,7 +131,28 @@ class StateCollector:
                 brokers = {str(b.id): b for b in results[1]}
             names = sorted(set(listed) | set(topo.journals if topo else ()))
             heads = await self._write_heads(client, names[:WRITE_HEAD_LIMIT], errors)
-        return _join(self, topo, listed, brokers, heads, errors)
+        storage = await self._storage(errors)
+        return _join(self, topo, listed, brokers, heads, storage, errors)
+
+    async def _storage(self, errors: list[str]) -> dict[str, StoreStats]:
+        """Per-journal storage stats the index workers keep in Redis ({} without Redis)."""
+        if not self.redis_url:
+            return {}
+        try:
+            if self._redis is None:
+                self._redis = aioredis.from_url(self.redis_url, socket_timeout=self.timeout,
+                                                socket_connect_timeout=self.timeout)
+            raw = await asyncio.wait_for(self._redis.hgetall(STATS_KEY), self.timeout)
+        except Exception as exc:  # noqa: BLE001 - shown on the page, the rest still renders
+            errors.append(f"redis: storage stats: {_why(exc)}")
+            return {}
+        out: dict[str, StoreStats] = {}
+        for key, value in raw.items():
+            try:
+                out[key.decode()] = decode_stats(value)
+            except ValueError as exc:
+                errors.append(f"redis: storage stats of {key.decode(errors='replace')}: {exc}")
+        return out
 
     async def _write_heads(self, client: Client, names: list[str],
                            errors: list[str]) -> dict[str, int | None]:
@@ -143,7 +174,8 @@ class StateCollector:
 
 
 def _join(c: StateCollector, topo: Topology | None, listed: dict[str, Any],
-          brokers: dict[str, Any], heads: dict[str, int | None], errors: list[str]) -> dict[str, Any]:
+          brokers: dict[str, Any], heads: dict[str, int | None],
+          storage: dict[str, StoreStats], errors: list[str]) -> dict[str, Any]:
     topo = topo or Topology()
     endpoints = {m.id: m.endpoint for m in topo.members.values()}
     journals = []
@@ -164,6 +196,7 @@ def _join(c: StateCollector, topo: Topology | None, listed: dict[str, Any],
             "primary": str(primary) if primary else None,
             "primary_endpoint": endpoints.get(primary, "") if primary else None,
             "write_head": heads.get(name),
+            "storage": storage[name]._asdict() if name in storage else None,
             "consistency": consistency(assigned, spec.replication) if topo.revision else "unknown",
             "in_etcd": name in topo.journals,
             "listed_by_coordinators": name in listed,

@@ -11,7 +11,9 @@
    batch readers — the covering set and the spec's labels, so they select journals by
    label from the store alone — unless it already holds the same of both;
 5. in one Redis transaction: `SET quire:index:<journal>` (JSON list of Fragment),
-   `HSET quire:index-refreshed <journal> <unix time>` and
+   `HSET quire:index-refreshed <journal> <unix time>`, `HSET quire:journal-stats
+   <journal> <StoreStats JSON>` (fragments, stored bytes, oldest/newest, offsets: the
+   live dashboard's storage columns) and
    `PUBLISH quire:index-updates <journal>`; coordinators (coordinator/index_watch.py)
    merge it, drop local fragments it covers and check INDEX_HAS_GREATER_OFFSET.
 
@@ -35,6 +37,15 @@ from fragment_store import (
     read_manifest,
     write_manifest,
 )
+from fragment_store.index_keys import (
+    ENQUEUED_KEY,
+    INDEX_CHANNEL,
+    INDEX_KEY_PREFIX,
+    REFRESHED_KEY,
+    STATS_KEY,
+    encode_stats,
+)
+from fragment_store.stats import EMPTY, StoreStats, add, store_stats
 from protocol.logs import bind, get_logger
 from protocol import Fragment, LabelSet
 from workers import common, metrics
@@ -47,25 +58,25 @@ __all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY",
 
 log = get_logger(__name__)
 
-INDEX_CHANNEL = "quire:index-updates"
-INDEX_KEY_PREFIX = "quire:index:"
-REFRESHED_KEY = "quire:index-refreshed"
-ENQUEUED_KEY = "quire:index-enqueued"
 
 _RETRY_ON = (*RETRIABLE, StoreUnavailable)
 
 
-def publish_index(journal: str, cover: CoverSet | None, now: float | None = None) -> None:
-    """Store and announce a journal's index; `None` removes it (journal deleted)."""
+def publish_index(journal: str, cover: CoverSet | None, now: float | None = None,
+                  stats: StoreStats | None = None) -> None:
+    """Store and announce a journal's index (and its storage stats, for the dashboard);
+    `None` removes it (journal deleted)."""
     now = time.time() if now is None else now
     pipe = common.redis_client().pipeline(transaction=True)
     if cover is None:
         pipe.delete(INDEX_KEY_PREFIX + journal)
-        pipe.hdel(REFRESHED_KEY, journal)
-        pipe.hdel(ENQUEUED_KEY, journal)
+        for key in (REFRESHED_KEY, ENQUEUED_KEY, STATS_KEY):
+            pipe.hdel(key, journal)
     else:
         pipe.set(INDEX_KEY_PREFIX + journal, cover.to_json())
         pipe.hset(REFRESHED_KEY, journal, f"{now:.3f}")
+        if stats is not None:
+            pipe.hset(STATS_KEY, journal, encode_stats(stats))
     pipe.publish(INDEX_CHANNEL, journal)
     pipe.execute()
 
@@ -84,16 +95,15 @@ def _write_manifest(store_url: str, journal: str, cover: CoverSet, labels: Label
     return True
 
 
-def _export_stats(journal: str, stores: tuple[str, ...]) -> None:
+def _export_stats(journal: str, stores: tuple[str, ...]) -> StoreStats:
     """Storage gauges (quire_journal_*) from one more listing of each store."""
-    from fragment_store.stats import EMPTY, add, store_stats
-
     total = EMPTY
     for url in stores:
         total = add(total, store_stats(common.store(url), journal))
     metrics.JOURNAL_FRAGMENTS.labels(journal).set(total.fragments)
     metrics.JOURNAL_STORED_BYTES.labels(journal).set(total.stored_bytes)
     metrics.JOURNAL_OLDEST_FRAGMENT.labels(journal).set(total.oldest)
+    return total
 
 
 def refresh(journal: str) -> dict[str, Any]:
@@ -117,10 +127,10 @@ def refresh(journal: str) -> dict[str, Any]:
     for url in stores:
         listed.extend(list_fragments(common.store(url), journal))
     cover = CoverSet(listed)
-    _export_stats(journal, stores)
+    stats = _export_stats(journal, stores)
     # Manifest first: once coordinators hear of an index, batch readers see it too.
     wrote = _write_manifest(stores[0], journal, cover, jt.spec.labels) if stores else False
-    publish_index(journal, cover)
+    publish_index(journal, cover, stats=stats)
     metrics.INDEX_REFRESH_SECONDS.observe(time.monotonic() - started)
     log.info("index refreshed", fragments=len(cover), end_offset=cover.end_offset,
              manifest_written=wrote)

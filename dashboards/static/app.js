@@ -76,8 +76,17 @@ function journalRow(j) {
     el("td", { class: "endpoint" }, j.primary_endpoint || "—"),
     el("td", { class: "num", title: j.write_head === null ? "unknown" : `${j.write_head} bytes` },
       j.write_head === null ? "—" : bytes(j.write_head)),
+    storageCell(j.storage),
     el("td", {}, el("span", { class: "state " + j.consistency }, j.consistency),
       el("span", { class: "muted small" }, ` ${j.route.length}/${j.replication}`)));
+}
+
+// What the index workers last counted in the journal's stores (null without Redis).
+function storageCell(s) {
+  if (!s) return el("td", { class: "num muted", title: "no storage stats (no Redis, or not yet refreshed)" }, "—");
+  const oldest = s.oldest ? new Date(s.oldest * 1000).toISOString().replace(".000Z", "Z") : "—";
+  return el("td", { class: "num storage", title: `${s.stored_bytes} bytes stored · offsets ${s.begin}–${s.end} · oldest ${oldest}` },
+    bytes(s.stored_bytes), el("div", { class: "muted small" }, `${s.fragments} fragment${s.fragments === 1 ? "" : "s"}`));
 }
 
 function renderJournals(journals) {
@@ -90,7 +99,7 @@ function renderJournals(journals) {
   for (const j of journals) tally[j.consistency] = (tally[j.consistency] || 0) + 1;
   setText("tally", Object.entries(tally).map(([k, n]) => `${n} ${k}`).join(" · "));
   body.replaceChildren(...(shown.length ? shown.map(journalRow)
-    : [el("tr", {}, el("td", { colspan: 6, class: "empty" }, journals.length ? "no match" : "no journals"))]));
+    : [el("tr", {}, el("td", { colspan: 7, class: "empty" }, journals.length ? "no match" : "no journals"))]));
 }
 
 function renderErrors(errors) {

@@ -129,3 +129,11 @@ def test_index_refresh_exports_storage_gauges(start_worker, client, etcd, etcd_r
     assert scrape(port, "quire_journal_stored_bytes")[label] == stored
     oldest = min(store.stat(fragment_key(f)).mod_time for f in frags)
     assert scrape(port, "quire_journal_oldest_fragment_timestamp_seconds")[label] == oldest
+    # The same figures for the live dashboard, in Redis beside the index.
+    from fragment_store.index_keys import STATS_KEY, decode_stats
+
+    wait_for(lambda: redis_db.client.hget(STATS_KEY, j) is not None, timeout=10,
+             what="the stats in Redis")
+    stats = decode_stats(redis_db.client.hget(STATS_KEY, j))
+    assert (stats.fragments, stats.stored_bytes, stats.oldest, stats.begin, stats.end) == (
+        2, stored, oldest, 0, 2000)
