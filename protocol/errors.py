@@ -120,6 +120,8 @@ BadRequest = _BY_STATUS[Status.BAD_REQUEST]
 Unavailable = _BY_STATUS[Status.UNAVAILABLE]
 Aborted = _BY_STATUS[Status.ABORTED]
 CommitUnknown = _BY_STATUS[Status.COMMIT_UNKNOWN]
+ShardNotFound = _BY_STATUS[Status.SHARD_NOT_FOUND]
+ShardFenced = _BY_STATUS[Status.SHARD_FENCED]
 Unauthorized = _BY_STATUS[Status.UNAUTHORIZED]
 Forbidden = _BY_STATUS[Status.FORBIDDEN]
 """The append's commit was sent but its outcome is unknown: it may or may not have

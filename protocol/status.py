@@ -48,6 +48,12 @@ class Status(enum.IntEnum):
     FORBIDDEN = 31
     """The token is valid but lacks the capability, or the journal is out of its scope;
     the message names both."""
+    # Consumer shards (consumers/, docs/consumers.md): codes 40-49.
+    SHARD_NOT_FOUND = 40
+    """No ShardSpec with that id."""
+    SHARD_FENCED = 41
+    """A shard's recovery log is fenced by a newer primary: this process may no longer
+    write the shard (a zombie primary after its lease expired)."""
     # quire additions (beyond Gazette's codes) start at 64 so they never collide.
     BAD_REQUEST = 64
     """A request failed validation (the message names the field)."""

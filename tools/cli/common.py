@@ -5,7 +5,7 @@ Exit codes (one per class of failure, so scripts can branch on them):
     0   success
     1   unexpected error (a bug: please report it)
     2   usage error (bad flag or argument; printed by click)
-    3   not found (JOURNAL_NOT_FOUND, a missing file)
+    3   not found (JOURNAL_NOT_FOUND, SHARD_NOT_FOUND, a missing file)
     4   conflict: a precondition did not hold (ETCD_TRANSACTION_FAILED,
         WRONG_APPEND_OFFSET, REGISTER_MISMATCH, INDEX_HAS_GREATER_OFFSET, PROPOSAL_MISMATCH)
     5   not allowed (NOT_ALLOWED, SUSPENDED, UNAUTHORIZED, FORBIDDEN)
@@ -61,6 +61,8 @@ _STATUS_EXIT = {
     Status.COMMIT_UNKNOWN: EXIT_OUTCOME_UNKNOWN,
     Status.UNAUTHORIZED: EXIT_NOT_ALLOWED,
     Status.FORBIDDEN: EXIT_NOT_ALLOWED,
+    Status.SHARD_NOT_FOUND: EXIT_NOT_FOUND,
+    Status.SHARD_FENCED: EXIT_CONFLICT,
 }
 
 

@@ -1,0 +1,257 @@
+"""Shard keys in etcd: specs, primary locks, status reports, checkpoint notices, guards.
+
+Key layout (beside the journal keys of etcd.py; shard ids never contain '#'):
+
+    <root>/shards/<id>                              ShardSpec JSON, no lease
+    <root>/consumers/members/<zone>#<suffix>        consumer member (BrokerSpec), its lease
+    <root>/consumers/primary/<id>                   "<zone>#<suffix>": the shard's exclusive
+                                                    lock, created only if absent, under the
+                                                    holder's lease (at most one primary)
+    <root>/consumers/status/<id>#<zone>#<suffix>    ShardStatus JSON, the reporter's lease
+    <root>/consumers/notice/<id>                    checkpoint notice (unix time), no lease
+    <root>/guards/<journal>                         decimal: lowest offset a shard still
+                                                    needs (read by the prune task)
+
+Consumer members announce under `<root>/consumers` (Membership's own `members/` below
+it), so the journal allocator, which watches `<root>/members/`, never sees them.
+
+Both the CLI (`quire shards …`) and the consumers role use these helpers; neither has to
+know the other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aetcd
+import msgspec
+
+from protocol import ProcessId
+from protocol.errors import EtcdTransactionFailed, ShardNotFound, ValidationError
+from protocol.shard import ShardSpec, ShardStatus, validate_shard_id
+
+from .etcd import (
+    MalformedKey,
+    cmp_mod,
+    cmp_version,
+    delete_op,
+    prefix_end,
+    put_op,
+    txn,
+)
+
+__all__ = [
+    "ShardChange",
+    "ShardEntry",
+    "ShardNotFound",
+    "apply_shards",
+    "consumer_root",
+    "delete_shard",
+    "get_shard",
+    "guard_key",
+    "list_shards",
+    "list_statuses",
+    "notice_key",
+    "notice_prefix",
+    "primary_key",
+    "primary_prefix",
+    "read_primaries",
+    "request_checkpoint",
+    "shard_key",
+    "shards_prefix",
+    "status_key",
+    "status_prefix",
+]
+
+
+def _root(root: str) -> str:
+    return root.rstrip("/")
+
+
+def shards_prefix(root: str) -> str:
+    return f"{_root(root)}/shards/"
+
+
+def shard_key(root: str, shard_id: str) -> str:
+    return shards_prefix(root) + shard_id
+
+
+def consumer_root(root: str) -> str:
+    """The root consumer members announce under (Membership appends `/members/`)."""
+    return f"{_root(root)}/consumers"
+
+
+def primary_prefix(root: str) -> str:
+    return f"{consumer_root(root)}/primary/"
+
+
+def primary_key(root: str, shard_id: str) -> str:
+    return primary_prefix(root) + shard_id
+
+
+def status_prefix(root: str) -> str:
+    return f"{consumer_root(root)}/status/"
+
+
+def status_key(root: str, shard_id: str, member: ProcessId) -> str:
+    return f"{status_prefix(root)}{shard_id}#{member.zone}#{member.suffix}"
+
+
+def notice_prefix(root: str) -> str:
+    return f"{consumer_root(root)}/notice/"
+
+
+def notice_key(root: str, shard_id: str) -> str:
+    return notice_prefix(root) + shard_id
+
+
+def guard_key(root: str, journal: str) -> str:
+    """Same key workers/prune.py reads."""
+    return f"{_root(root)}/guards/{journal}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    spec: ShardSpec
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardChange:
+    """An upsert (`spec`) or a delete (`delete` = id). expect_mod_revision: -1 = no
+    check, 0 = must not exist, > 0 = must still be at that mod revision."""
+
+    spec: ShardSpec | None = None
+    delete: str = ""
+    expect_mod_revision: int = -1
+
+    @property
+    def shard_id(self) -> str:
+        return self.spec.id if self.spec is not None else self.delete
+
+
+def decode_spec(key: str, value: bytes, root: str) -> ShardSpec:
+    shard_id = key[len(shards_prefix(root)):]
+    spec = msgspec.json.decode(value, type=ShardSpec)
+    if spec.id != shard_id:
+        raise MalformedKey(f"shard spec id {spec.id!r} differs from its key {key!r}")
+    return spec
+
+
+async def list_shards(client: aetcd.Client, root: str) -> list[ShardEntry]:
+    """Every decodable ShardSpec, sorted by id (malformed values are skipped)."""
+    prefix = shards_prefix(root).encode()
+    out: list[ShardEntry] = []
+    for kv in (await client.get_prefix(prefix)).kvs:
+        try:
+            out.append(ShardEntry(decode_spec(kv.key.decode(), kv.value, root), kv.mod_revision))
+        except (msgspec.DecodeError, msgspec.ValidationError, MalformedKey):
+            continue
+    return sorted(out, key=lambda e: e.spec.id)
+
+
+async def get_shard(client: aetcd.Client, root: str, shard_id: str) -> ShardEntry:
+    validate_shard_id(shard_id, "id")
+    got = await client.get(shard_key(root, shard_id).encode())
+    if got is None:
+        raise ShardNotFound(f"no shard {shard_id!r}")
+    return ShardEntry(decode_spec(got.key.decode(), got.value, root), got.mod_revision)
+
+
+async def apply_shards(client: aetcd.Client, root: str, changes: Iterable[ShardChange]) -> int:
+    """Validate every change, then apply all of them in one etcd transaction (all or none).
+
+    Raises ValidationError (field-named) before writing anything, and
+    EtcdTransactionFailed when an expected revision did not hold.
+    """
+    items = list(changes)
+    seen: set[str] = set()
+    compares, ops = [], []
+    for i, change in enumerate(items):
+        if (change.spec is None) == (not change.delete):
+            raise ValidationError(f"[{i}]", "a change is exactly one of an upsert or a delete")
+        if change.spec is not None:
+            try:
+                change.spec.validate()
+            except ValidationError as exc:
+                raise exc.within(f"[{i}]" if len(items) > 1 else "") from None
+        else:
+            validate_shard_id(change.delete, f"[{i}].delete")
+        if change.shard_id in seen:
+            raise ValidationError(f"[{i}]", f"shard {change.shard_id!r} is changed twice")
+        seen.add(change.shard_id)
+        key = shard_key(root, change.shard_id)
+        if change.expect_mod_revision == 0:
+            compares.append(cmp_version(key, 0))
+        elif change.expect_mod_revision > 0:
+            compares.append(cmp_mod(key, change.expect_mod_revision))
+        elif change.delete:
+            compares.append(_exists(key))
+        if change.spec is not None:
+            ops.append(put_op(key, msgspec.json.encode(change.spec)))
+        else:
+            ops.append(delete_op(key))
+    if not ops:
+        return 0
+    result = await txn(client, compares, ops)
+    if not result.succeeded:
+        raise EtcdTransactionFailed(f"shard specs changed since read (revision {result.revision}); "
+                                    "list them again and re-apply")
+    return result.revision
+
+
+def _exists(key: str):  # type: ignore[no-untyped-def]
+    from aetcd import rpc
+
+    return rpc.Compare(key=key.encode(), target=rpc.Compare.VERSION, result=rpc.Compare.GREATER,
+                       version=0)
+
+
+async def delete_shard(client: aetcd.Client, root: str, shard_id: str,
+                       expect_mod_revision: int = -1) -> int:
+    """Delete a spec (ShardNotFound if absent), its notice and its guard-free leftovers."""
+    validate_shard_id(shard_id, "id")
+    key = shard_key(root, shard_id)
+    compares = [cmp_mod(key, expect_mod_revision)] if expect_mod_revision > 0 else [_exists(key)]
+    result = await txn(client, compares, [delete_op(key), delete_op(notice_key(root, shard_id))])
+    if not result.succeeded:
+        if expect_mod_revision > 0:
+            raise EtcdTransactionFailed(f"shard {shard_id!r} changed since revision "
+                                        f"{expect_mod_revision}")
+        raise ShardNotFound(f"no shard {shard_id!r}")
+    return result.revision
+
+
+async def request_checkpoint(client: aetcd.Client, root: str, shard_id: str) -> int:
+    """Write a checkpoint notice; the primary commits at its next message boundary."""
+    await get_shard(client, root, shard_id)
+    result = await txn(client, [], [put_op(notice_key(root, shard_id), f"{time.time():.6f}".encode())])
+    return result.revision
+
+
+async def read_primaries(client: aetcd.Client, root: str) -> dict[str, tuple[str, int]]:
+    """shard id -> (holder "<zone>#<suffix>", create revision) of every primary lock."""
+    prefix = primary_prefix(root)
+    out: dict[str, tuple[str, int]] = {}
+    for kv in (await client.get_prefix(prefix.encode())).kvs:
+        out[kv.key.decode()[len(prefix):]] = (kv.value.decode(), kv.create_revision)
+    return out
+
+
+async def list_statuses(client: aetcd.Client, root: str) -> dict[str, list[ShardStatus]]:
+    """shard id -> every member's status report for it."""
+    prefix = status_prefix(root)
+    out: dict[str, list[ShardStatus]] = {}
+    for kv in (await client.get_prefix(prefix.encode())).kvs:
+        try:
+            status = msgspec.json.decode(kv.value, type=ShardStatus)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        out.setdefault(status.id, []).append(status)
+    return out
+
+
+def range_end(prefix: str) -> bytes:
+    return prefix_end(prefix.encode())
