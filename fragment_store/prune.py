@@ -12,6 +12,11 @@ A fragment is removable only when every guard agrees:
   log still needs (read by the adapter from etcd `<root>/guards/<journal>`; `None` means
   no guard). Retention is the floor, the guard is the ceiling.
 
+A consumer shard's **recovery log** is pruned differently: everything its newest
+snapshot covers (the guard offset the shard publishes) is dead weight whatever its age,
+so with `recovery_log=True` a persisted fragment ending before the head and at or
+before the guard goes at once, retention or not; without a guard nothing goes.
+
 The plan is a list of fragments in offset order; the adapter deletes their objects
 (idempotently: deleting an absent object is not an error) and refreshes the index.
 """
@@ -35,25 +40,25 @@ class PrunePlan(NamedTuple):
 
 
 def removable(fragment: Fragment, *, now: float, retention: float, head: int,
-              guard: int | None = None) -> bool:
+              guard: int | None = None, recovery_log: bool = False) -> bool:
     """True if every rule of the module docstring allows deleting `fragment`."""
-    if retention <= 0 or not fragment.is_persisted:
+    if not fragment.is_persisted or fragment.end >= head:
         return False
-    if fragment.mod_time + retention >= now:
-        return False
-    if fragment.end >= head:
+    if recovery_log:
+        return guard is not None and fragment.end <= guard
+    if retention <= 0 or fragment.mod_time + retention >= now:
         return False
     return guard is None or fragment.end <= guard
 
 
 def plan_prune(fragments: Iterable[Fragment], *, now: float, retention: float, head: int,
-               guard: int | None = None) -> PrunePlan:
+               guard: int | None = None, recovery_log: bool = False) -> PrunePlan:
     """Split `fragments` into those that may be removed and those that must stay."""
     ordered = sorted(fragments, key=lambda f: (f.begin, f.end, f.sum))
     remove: list[Fragment] = []
     keep: list[Fragment] = []
     for f in ordered:
-        (remove if removable(f, now=now, retention=retention, head=head, guard=guard)
-         else keep).append(f)
+        (remove if removable(f, now=now, retention=retention, head=head, guard=guard,
+                             recovery_log=recovery_log) else keep).append(f)
     first = min((f.begin for f in keep), default=head)
     return PrunePlan(tuple(remove), tuple(keep), first)

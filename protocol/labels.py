@@ -27,6 +27,12 @@ from .names import LABEL_NAME_MAX, LABEL_NAME_MIN, LABEL_VALUE_MAX, PATH_SYMBOLS
 META_NAME = "name"
 META_PREFIX = "prefix"
 
+CONTENT_TYPE = "content-type"
+"""Well-known label: what a journal's bytes are (as Gazette's `content-type`)."""
+RECOVERY_LOG = "application/x-quire-recoverylog"
+"""`content-type` of a consumer shard's recovery log: pruned below its newest snapshot
+(the guard offset) whatever its retention (workers/prune.py)."""
+
 
 class Label(msgspec.Struct, frozen=True, order=True):
     name: str

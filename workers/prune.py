@@ -2,7 +2,9 @@
 
 `prune(journal, dry_run=False)`:
 
-1. read the journal's spec from etcd; no spec, or `fragment.retention <= 0`: nothing;
+1. read the journal's spec from etcd; no spec, or `fragment.retention <= 0` on a journal
+   that is not a recovery log (label `content-type: application/x-quire-recoverylog`):
+   nothing;
 2. list every store of the spec (the store is authoritative);
 3. read the guard offset `<root>/guards/<journal>` (decimal; the lowest offset a
    consumer shard or recovery log still needs; absent = no guard);
@@ -15,8 +17,11 @@
    readers stop offering them; a read at a pruned offset then jumps to the first
    retained byte.
 
+A recovery log is pruned up to its guard (the log offset of its shard's newest
+snapshot) whatever its age or retention: fragment_store/prune.py.
+
 `sweep()` (beat, every `QUIRE_WORKER_PRUNE_INTERVAL`, default 300 s) enqueues
-`prune_journal` for every journal whose spec has a retention.
+`prune_journal` for every journal whose spec has a retention, and every recovery log.
 
 Returns `{"journal", "dry_run", "removed": [{"key", "store", "begin", "end", "mod_time"}],
 "first_retained"}` — the same plan whether dry or not.
@@ -29,7 +34,8 @@ from typing import Any
 
 from fragment_store import fragment_key, list_fragments
 from fragment_store.prune import plan_prune
-from protocol import Fragment
+from protocol import Fragment, JournalSpec
+from protocol.labels import CONTENT_TYPE, RECOVERY_LOG
 from protocol.logs import bind, get_logger
 from workers import common
 from workers.app import app
@@ -61,6 +67,14 @@ def read_guard(etcd_url: str, root: str, journal: str, *, timeout: float = 10.0)
         return 0
 
 
+def is_recovery_log(spec: JournalSpec) -> bool:
+    return RECOVERY_LOG in spec.labels.values(CONTENT_TYPE)
+
+
+def _due(spec: JournalSpec) -> bool:
+    return spec.fragment.retention > 0 or is_recovery_log(spec)
+
+
 def _row(f: Fragment) -> dict[str, Any]:
     return {"key": fragment_key(f), "store": f.backing_store, "begin": f.begin, "end": f.end,
             "mod_time": f.mod_time}
@@ -75,7 +89,7 @@ def prune(journal: str, dry_run: bool = False, now: float | None = None) -> dict
     jt = topo.journals.get(journal)
     out: dict[str, Any] = {"journal": journal, "dry_run": dry_run, "removed": [],
                            "first_retained": 0}
-    if jt is None or jt.spec.fragment.retention <= 0:
+    if jt is None or not _due(jt.spec):
         return out
     listed: list[Fragment] = []
     for url in jt.spec.fragment.stores:
@@ -83,7 +97,7 @@ def prune(journal: str, dry_run: bool = False, now: float | None = None) -> dict
     head = max((f.end for f in listed), default=0)
     guard = read_guard(s.etcd_url, s.etcd_root, journal, timeout=ws.io_timeout)
     plan = plan_prune(listed, now=now, retention=jt.spec.fragment.retention, head=head,
-                      guard=guard)
+                      guard=guard, recovery_log=is_recovery_log(jt.spec))
     out["removed"] = [_row(f) for f in plan.remove]
     out["first_retained"] = plan.first_retained
     if plan.remove and not dry_run:
@@ -108,13 +122,13 @@ def prune_journal(self: Any, journal: str, dry_run: bool = False) -> dict[str, A
 @app.task(name="workers.prune.sweep", bind=True, ignore_result=True, **MAINTENANCE_RETRY)
 def sweep(self: Any) -> int:
     """Beat, every QUIRE_WORKER_PRUNE_INTERVAL: one prune_journal per journal whose
-    spec has a retention (journals that keep forever cost nothing)."""
+    spec has a retention and per recovery log (journals that keep forever cost nothing)."""
     ws = common.worker_settings()
     with common.sweep_topology("prune", ws.prune_interval) as topo:
         if topo is None:
             log.info("another prune sweep is running; skipping")
             return 0
-        due = sorted(n for n, jt in topo.journals.items() if jt.spec.fragment.retention > 0)
+        due = sorted(n for n, jt in topo.journals.items() if _due(jt.spec))
         for name in due:
             prune_journal.apply_async(args=[name], expires=ws.prune_interval)
         log.info("prune sweep", journals=len(topo.journals), enqueued=len(due))

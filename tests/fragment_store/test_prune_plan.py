@@ -63,3 +63,27 @@ def test_every_planned_fragment_obeys_every_rule(raw, head, guard, retention) ->
         assert f.end < head and (guard is None or f.end <= guard)
     for f in plan.keep:
         assert not removable(f, now=2000, retention=retention, head=head, guard=guard)
+
+
+def test_recovery_log_is_pruned_up_to_its_snapshot_whatever_its_age() -> None:
+    young = frag(0, 10, mod_time=int(NOW) - 1)
+    # Retention 0 and a young fragment: kept by the age rule, gone as a recovery log
+    # once the newest snapshot (the guard) covers it.
+    assert not removable(young, now=NOW, retention=0, head=100, guard=10)
+    assert removable(young, now=NOW, retention=0, head=100, guard=10, recovery_log=True)
+    # Not yet covered by a snapshot, no snapshot at all, unpersisted, or the head: kept.
+    assert not removable(young, now=NOW, retention=0, head=100, guard=9, recovery_log=True)
+    assert not removable(young, now=NOW, retention=0, head=100, guard=None, recovery_log=True)
+    assert not removable(frag(0, 10, store=""), now=NOW, retention=0, head=100, guard=50,
+                         recovery_log=True)
+    assert not removable(young, now=NOW, retention=0, head=10, guard=50, recovery_log=True)
+
+
+@given(spans, st.integers(0, 1300), st.none() | st.integers(0, 1300), st.integers(0, 500))
+def test_a_recovery_log_never_loses_what_its_snapshot_does_not_cover(  # type: ignore[no-untyped-def]
+        raw, head, guard, retention) -> None:
+    frags = [frag(b, b + n, m, "file:///s/" if p else "") for b, n, m, p in raw]
+    plan = plan_prune(frags, now=2000, retention=retention, head=head, guard=guard,
+                      recovery_log=True)
+    for f in plan.remove:
+        assert f.is_persisted and f.end < head and guard is not None and f.end <= guard

@@ -137,3 +137,29 @@ def test_index_refresh_exports_storage_gauges(start_worker, client, etcd, etcd_r
     stats = decode_stats(redis_db.client.hget(STATS_KEY, j))
     assert (stats.fragments, stats.stored_bytes, stats.oldest, stats.begin, stats.end) == (
         2, stored, oldest, 0, 2000)
+
+
+def test_recovery_log_is_pruned_below_its_snapshot_guard_without_a_retention(
+        start_worker, client, etcd, etcd_root, s3, s3_bucket) -> None:
+    from protocol import LabelSet
+    from protocol.labels import CONTENT_TYPE, RECOVERY_LOG
+
+    url = s3_url(s3_bucket, "rlog/")
+    store = s3_store(s3, url)
+    log_j, plain = "recovery/counts/shard-000", "acme/not-a-log"
+    frags = {n: [put_fragment(store, n, b, b"r" * 10) for b in range(0, 50, 10)]
+             for n in (log_j, plain)}
+    for name, labels in ((log_j, LabelSet.of(**{CONTENT_TYPE: RECOVERY_LOG})),
+                         (plain, LabelSet())):
+        spec = JournalSpec(name=name, replication=1, labels=labels, fragment=FragmentSpec(
+            length=1 << 20, compression_codec="gzip", stores=(url,)))  # retention 0
+        spec.validate()
+        put_keys(etcd, {f"{etcd_root}/journals/{name}": msgspec.json.encode(spec),
+                        f"{etcd_root}/guards/{name}": b"30"})
+    start_worker(queues=("prune", "index"))
+
+    # Fresh fragments, no retention: the log loses all its newest snapshot covers.
+    assert [r["end"] for r in run(client, log_j)["removed"]] == [10, 20, 30]
+    assert [i.key for i in store.list(log_j + "/")] == [fragment_key(f) for f in frags[log_j][3:]]
+    assert run(client, plain)["removed"] == []  # an ordinary journal keeps forever
+    assert len(list(store.list(plain + "/"))) == 5
