@@ -23,6 +23,7 @@ from .labels import Label, LabelSelector, LabelSet, parse_selector
 from .messages import *  # noqa: F403 - the message catalogue is the public surface
 from .messages import ALL_MESSAGES, PROTOCOL_VERSION, Message
 from .names import validate_journal_name
+from .producers import ProducerMark, ProducerSnapshot, validate_identity
 from .route import Etcd, Header, ProcessId, Route
 from .spec import (
     Flag,

@@ -22,6 +22,7 @@ import msgspec
 
 from .fragment import Fragment
 from .labels import LabelSelector, LabelSet
+from .producers import ProducerMark, ProducerSnapshot
 from .route import Header, ProcessId, Route
 from .spec import JournalSpec
 from .status import Status
@@ -75,6 +76,14 @@ class AppendRequest(Message, frozen=True):
     suspend: str = "resume"
     """resume | no-resume | if-flushed | now | keep (Gazette's AppendRequest.Suspend)."""
     min_etcd_revision: int = 0
+    # Exactly-once identifiers (protocol/producers.py, docs/exactly-once.md): all zero /
+    # empty on a plain append, which then behaves exactly as without them.
+    producer: str = ""
+    generation: int = 0
+    history: int = 0
+    txn: int = 0
+    close_history: bool = False
+    """This transaction closes its history: later ones are refused (HISTORY_CLOSED)."""
 
 
 class AppendChunk(Message, frozen=True):
@@ -154,6 +163,12 @@ class ReplicateProposal(Message, frozen=True):
     acknowledge: bool = True
     header: Header | None = None
     """Required on the first message of a stream (route + revision of the primary)."""
+    mark: ProducerMark | None = None
+    """An identified append's transaction: recorded in the producer table once this
+    proposal is adopted (a commit, or the barrier of a history close)."""
+    producers: ProducerSnapshot | None = None
+    """The primary's whole producer table, on synchronizing proposals: adopted by a
+    replica that this proposal rolls forward."""
 
 
 class ReplicateContent(Message, frozen=True):
@@ -171,6 +186,9 @@ class ReplicateResponse(Message, frozen=True):
     """On PROPOSAL_MISMATCH: the replica's own fragment."""
     registers: LabelSet | None = None
     message: str = ""
+    producers: ProducerSnapshot | None = None
+    """On PROPOSAL_MISMATCH: the replica's producer table (taken with its registers by a
+    primary that rolls forward to it)."""
 
 
 # -- topology & metadata ----------------------------------------------------------------

@@ -41,6 +41,20 @@ class Status(enum.IntEnum):
     """The journal is suspended."""
     FRAGMENT_STORE_UNHEALTHY = 15
     """The journal's primary fragment store fails its health checks."""
+    # Exactly-once appends (protocol/producers.py, docs/exactly-once.md): codes 20-29.
+    TXN_OUT_OF_ORDER = 20
+    """An identified append skips ahead of its history: its txn is past the next one
+    after the last transaction acted on. Nothing was written."""
+    TXN_SUPERSEDED = 21
+    """An identified append is behind its history: a later transaction was already
+    acted on, so this one was too; its original commit is no longer kept. Nothing was
+    written now."""
+    PRODUCER_GENERATION_RETIRED = 22
+    """The producer started a newer generation: every history of this one is retired.
+    Nothing was written."""
+    HISTORY_CLOSED = 23
+    """The history was closed (a tombstone); the message names the closing txn.
+    Nothing was written."""
     # Auth (protocol/auth.py, docs/security.md): codes 30-39.
     UNAUTHORIZED = 30
     """The connection's token is missing, malformed, expired or wrongly signed (refused
