@@ -3,9 +3,10 @@
     quire bench --quick --json bench.json
 
 One run starts its own cluster (etcd + N coordinator subprocesses, a file store),
-measures quire's appends and AppendService, a private redis-server's XADD, SHA-1 and
-loopback TCP, and a coordinator's RSS with 1/100/1,000 idle journals, then prints the
-ratios. Every key of the JSON is documented in docs/benchmarks.md ("Bench" section).
+measures quire's appends and AppendService, a private redis-server's XADD, the minimal
+R=3 pipeline of bench/pipeline_ref.py (same sizes and concurrency, and the 8-journal
+case), SHA-1 and loopback TCP, and a coordinator's RSS with 1/100/1,000 idle journals,
+then prints the ratios. Every key of the JSON is documented in docs/benchmarks.md ("Bench" section).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from protocol import Codec, FragmentSpec, JournalSpec
 from .limits import measure_limits
 from .matrix import append_case, message_rate
 from .peers import measure_redis, size_name
+from .pipeline_ref import PipelineRef, ref_case
 from .rss import measure_rss
 
 __all__ = ["command", "run_bench", "ratios"]
@@ -41,6 +43,32 @@ SIZES = (1 << 10, 64 << 10, 1 << 20)
 REPLICATION = (1, 3)
 CONCURRENCY = (1, 8, 64)
 MESSAGE_SIZE = 100
+MULTI = 8
+"""Journals of the many-journal case (R=3, 1 KiB, 64 in flight, primaries spread)."""
+MULTI_CASE = f"r3_1k_c64_j{MULTI}"
+
+
+def _store_case(out: dict[str, Any], key: str, res: dict[str, Any]) -> None:
+    for metric in ("ops", "mbps", "p50_ms", "p99_ms"):
+        out[f"{key}_{metric}"] = res["ops_per_s" if metric == "ops" else metric]
+    if "errors" in res:
+        out[f"{key}_errors"] = res["errors"]
+        if res.get("first_error"):
+            out[f"{key}_first_error"] = res["first_error"]
+
+
+async def _pipeline_ref(seconds: float, say: Any) -> dict[str, Any]:
+    """The minimal R=3 pipeline, every R=3 case of the matrix plus the many-journal one."""
+    out: dict[str, Any] = {}
+    with PipelineRef() as ref:
+        for size in SIZES:
+            for c in CONCURRENCY:
+                res = await ref_case(ref, size, c, seconds=seconds)
+                _store_case(out, f"pipeline_r3_{size_name(size)}_c{c}", res)
+                say(f"pipeline R=3 {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
+        res = await ref_case(ref, 1 << 10, 64, seconds=seconds, journals=MULTI)
+        _store_case(out, f"pipeline_{MULTI_CASE}", res)
+    return out
 
 
 async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_seconds: float,
@@ -54,6 +82,9 @@ async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_secon
             stores=(store,), compression_codec=Codec.NONE)) for r in REPLICATION]
         specs.append(JournalSpec(name="bench/messages", replication=3, fragment=FragmentSpec(
             stores=(store,), compression_codec=Codec.NONE)))
+        multi = [f"bench/many-{i}" for i in range(MULTI)]
+        specs += [JournalSpec(name=n, replication=3, fragment=FragmentSpec(
+            stores=(store,), compression_codec=Codec.NONE)) for n in multi]
         await client.apply(specs)
         for spec in specs:  # first append waits out the route's assignment
             await client.append(spec.name, b"", retry_timeout=60)
@@ -61,12 +92,11 @@ async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_secon
             for size in SIZES:
                 for c in CONCURRENCY:
                     res = await append_case(client, f"bench/r{r}", size, c, seconds=seconds)
-                    key = f"quire_r{r}_{size_name(size)}_c{c}"
-                    for metric in ("ops", "mbps", "p50_ms", "p99_ms", "errors"):
-                        out[f"{key}_{metric}"] = res["ops_per_s" if metric == "ops" else metric]
-                    if res["first_error"]:
-                        out[f"{key}_first_error"] = res["first_error"]
+                    _store_case(out, f"quire_r{r}_{size_name(size)}_c{c}", res)
                     say(f"quire R={r} {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
+        res = await append_case(client, multi, 1 << 10, 64, seconds=seconds)
+        _store_case(out, f"quire_{MULTI_CASE}", res)
+        say(f"quire R=3 1k x64 over {MULTI} journals: {res['ops_per_s']:.0f} appends/s")
         res = await message_rate(client, "bench/messages", seconds=msg_seconds, size=MESSAGE_SIZE)
         out["quire_appendservice_100b_r3_msgs"] = res["msgs_per_s"]
         out["quire_appendservice_100b_r3_mbps"] = res["mbps"]
@@ -78,7 +108,8 @@ async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_secon
 
 
 def ratios(fig: dict[str, Any]) -> dict[str, float]:
-    """quire / Redis (same size and concurrency), quire / SHA-1, quire / loopback."""
+    """quire / Redis (same size and concurrency), quire / SHA-1, quire / loopback, and
+    quire R=3 / the minimal pipeline (ops, same case; and the c1 p99 latency ratio)."""
     out: dict[str, float] = {}
 
     def div(a: Any, b: Any) -> float | None:
@@ -96,6 +127,13 @@ def ratios(fig: dict[str, Any]) -> dict[str, float]:
                 ):
                     if value is not None:
                         out[f"ratio_{key}_{name}"] = value
+    for case in [f"r3_{size_name(size)}_c{c}" for size in SIZES for c in CONCURRENCY] + [MULTI_CASE]:
+        v = div(fig.get(f"quire_{case}_ops"), fig.get(f"pipeline_{case}_ops"))
+        if v is not None:
+            out[f"ratio_quire_{case}_vs_pipeline"] = v
+    v = div(fig.get("quire_r3_1k_c1_p99_ms"), fig.get("pipeline_r3_1k_c1_p99_ms"))
+    if v is not None:
+        out["ratio_quire_r3_1k_c1_p99_vs_pipeline"] = v  # latency: lower is better
     v = div(fig.get("quire_appendservice_100b_r3_msgs"), fig.get("redis_100b_pipe_ops"))
     if v is not None:
         out["ratio_appendservice_vs_redis_pipe"] = v
@@ -117,6 +155,8 @@ def run_bench(quick: bool, workdir: Path, coordinators: int, console: Console) -
     say("peer: redis-server XADD")
     fig.update(measure_redis((MESSAGE_SIZE, *SIZES), CONCURRENCY, seconds=1.0 if quick else 3.0,
                              progress=say))
+    say("reference: the minimal R=3 pipeline")
+    fig.update(asyncio.run(_pipeline_ref(seconds, say)))
     say(f"quire: starting {coordinators} coordinators")
     with LocalCluster(coordinators, zones=("zone-a", "zone-b"), workdir=workdir / "cluster") as cl:
         fig.update(asyncio.run(_quire(cl, workdir, seconds, 3.0 if quick else 8.0, say)))
@@ -163,6 +203,15 @@ def render(fig: dict[str, Any], console: Console) -> None:
                           _fmt(fig.get(f"ratio_{k}_vs_sha1"), 3),
                           _fmt(fig.get(f"ratio_{k}_vs_loopback"), 3))
     console.print(t)
+    p = Table(title="R=3 appends: quire vs the minimal pipeline (bench/pipeline_ref.py), same run")
+    for col in ("case", "quire ops/s", "pipeline ops/s", "quire/pipeline", "quire p99 ms",
+                "pipeline p99 ms"):
+        p.add_column(col, justify="right")
+    for case in [f"r3_{size_name(size)}_c{c}" for size in SIZES for c in CONCURRENCY] + [MULTI_CASE]:
+        p.add_row(case, _fmt(fig.get(f"quire_{case}_ops"), 0), _fmt(fig.get(f"pipeline_{case}_ops"), 0),
+                  _fmt(fig.get(f"ratio_quire_{case}_vs_pipeline"), 2),
+                  _fmt(fig.get(f"quire_{case}_p99_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p99_ms"), 2))
+    console.print(p)
     m = Table(title="100-byte JSON messages (R=3 AppendService vs Redis XADD pipelined x100)")
     for col in ("quire msgs/s", "redis pipelined ops/s", "redis unpipelined ops/s", "quire/redis"):
         m.add_column(col, justify="right")

@@ -1,8 +1,9 @@
 """quire's own figures: append throughput/latency and AppendService message rate.
 
   * `append_case`: `concurrency` tasks, each doing one `Client.append` at a time to the
-    same journal (the coordinator pipelines them), payloads of `size` bytes; ops/s,
-    MB/s and client-side latency p50/p99. Bounded by time and by bytes.
+    same journal (the coordinator pipelines them) — or, given several journals, task i
+    to journal i mod n —, payloads of `size` bytes; ops/s, MB/s and client-side latency
+    p50/p99. Bounded by time and by bytes.
   * `message_rate`: 100-byte JSON lines through `AppendService` (which batches many
     small messages into few transactional appends); messages/s until every accepted
     message is acknowledged.
@@ -31,7 +32,7 @@ def _pct(lat: list[float], q: float) -> float:
     return lat[min(len(lat) - 1, int(len(lat) * q))]
 
 
-async def append_case(client: Client, journal: str, size: int, concurrency: int, *,
+async def append_case(client: Client, journal: str | list[str], size: int, concurrency: int, *,
                       seconds: float, max_bytes: int = 2 << 30, max_ops: int = 1_000_000
                       ) -> dict[str, Any]:
     payload = bytes(size)
@@ -41,20 +42,22 @@ async def append_case(client: Client, journal: str, size: int, concurrency: int,
     started = 0
     deadline = time.perf_counter() + seconds
 
-    async def one() -> None:
+    journals = [journal] if isinstance(journal, str) else journal
+
+    async def one(name: str) -> None:
         nonlocal started
         while started < limit and time.perf_counter() < deadline and len(errors) < 10:
             started += 1
             s = time.perf_counter()
             try:
-                await client.append(journal, payload)
+                await client.append(name, payload)
             except Exception as exc:  # noqa: BLE001 - reported in the figures
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 continue
             lat.append(time.perf_counter() - s)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(concurrency)))
+    await asyncio.gather(*(one(journals[i % len(journals)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - t0
     n = len(lat)
     return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n,

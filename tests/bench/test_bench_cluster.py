@@ -27,12 +27,19 @@ def test_append_matrix_and_messages(tmp_path: Path) -> None:
     async def run(cluster: LocalCluster) -> tuple[dict, dict]:
         client = Client(cluster.endpoints, retry_timeout=30)
         try:
-            await client.apply([JournalSpec(name="bench/t3", replication=3, fragment=FragmentSpec(
-                stores=(store,), compression_codec=Codec.NONE))])
-            await client.append("bench/t3", b"", retry_timeout=60)
+            names = ["bench/t3", "bench/t3-b"]
+            await client.apply([JournalSpec(name=n, replication=3, fragment=FragmentSpec(
+                stores=(store,), compression_codec=Codec.NONE)) for n in names])
+            for n in names:
+                await client.append(n, b"", retry_timeout=60)
             case = await append_case(client, "bench/t3", 1024, 8, seconds=0.5, max_ops=400)
             msgs = await message_rate(client, "bench/t3", seconds=0.5, max_messages=5000)
             head = await client.write_head("bench/t3")
+            # Several journals: task i appends to journal i mod 2.
+            many = await append_case(client, names, 1024, 8, seconds=5, max_ops=100)
+            assert many["errors"] == 0 and many["n"] == 100, many
+            grown = [await client.write_head(names[0]) - head, await client.write_head(names[1])]
+            assert grown[0] > 0 and grown[1] > 0 and sum(grown) == 100 * 1024, grown
             return case, {**msgs, "head": head}
         finally:
             await client.close()
