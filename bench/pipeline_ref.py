@@ -32,6 +32,8 @@ from typing import Any
 __all__ = ["PipelineRef", "ref_case"]
 
 MB = 1e6
+LIMIT = 1 << 21
+"""StreamReader buffer limit, as quire's FrameStream (a 1 MiB append in few reads)."""
 WRAP = 256 << 20
 """Spool files are written modulo this size, so a long run does not fill the disk."""
 
@@ -105,7 +107,8 @@ def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
             async with building.setdefault(journal, asyncio.Lock()):
                 if journal not in pipelines:
                     spool = _Spool(os.path.join(workdir, f"p{index}-j{journal}"))
-                    conns = [await asyncio.open_connection("127.0.0.1", p) for p in peers]
+                    conns = [await asyncio.open_connection("127.0.0.1", p, limit=LIMIT)
+                             for p in peers]
                     for _, w in conns:
                         w.write(_U32.pack(journal))
                     pipelines[journal] = _Pipeline(spool, [w for _, w in conns],
@@ -134,8 +137,8 @@ def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
             except (asyncio.IncompleteReadError, ConnectionError):
                 w.close()
 
-        await asyncio.start_server(client, "127.0.0.1", ports[2 * index])
-        await asyncio.start_server(replica, "127.0.0.1", ports[2 * index + 1])
+        await asyncio.start_server(client, "127.0.0.1", ports[2 * index], limit=LIMIT)
+        await asyncio.start_server(replica, "127.0.0.1", ports[2 * index + 1], limit=LIMIT)
         ready.put(index)
         await asyncio.Event().wait()
 
@@ -193,7 +196,7 @@ async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: fl
     started = 0
     conns = []
     for i in range(concurrency):
-        r, w = await asyncio.open_connection("127.0.0.1", ref.endpoint(i % journals))
+        r, w = await asyncio.open_connection("127.0.0.1", ref.endpoint(i % journals), limit=LIMIT)
         w.write(_U32.pack(i % journals))
         conns.append((r, w))
     deadline = time.perf_counter() + seconds
