@@ -1,0 +1,1 @@
+"""Example consumer apps: `counts` (per-key totals) and `join` (stream-stream join)."""

@@ -1,0 +1,261 @@
+"""A consumer member: announce, mirror shard keys, and run what plan.plan_member says.
+
+The member holds a topology.Membership (its key under `<root>/consumers/members/`, a
+kept-alive lease). Every shard lock it takes is written under that lease, so kill -9
+releases its shards when the lease expires, and a paused (SIGSTOP) member that wakes
+after its lease expired finds its locks gone and its recovery-log appends refused
+(REGISTER_MISMATCH: fenced); it then exits (EXIT_LEASE_LOST) without writing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import aetcd
+import msgspec
+
+from protocol import ProcessId
+from protocol.logs import get_logger
+from protocol.shard import ShardSpec, ShardState
+from quire.client import AppendService, Client
+from topology.allocator_plan import MemberState
+from topology.etcd import cmp_create, cmp_version, delete_op, members_prefix, put_op, txn
+from topology.membership import BrokerSpec, Membership
+from topology.shards import (
+    consumer_root,
+    notice_prefix,
+    primary_key,
+    primary_prefix,
+    shards_prefix,
+    status_key,
+)
+
+from .app import App
+from .mirror import Mirror
+from .plan import Action, placement, plan_member
+from .runner import ShardRunner
+
+__all__ = ["EXIT_LEASE_LOST", "ConsumerMember"]
+
+log = get_logger(__name__)
+
+EXIT_LEASE_LOST = 3
+RETRY_AFTER_FAILURE = 2.0
+
+
+@dataclass
+class _Running:
+    runner: ShardRunner
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    primary: bool
+    lock_revision: int = 0
+    notice_rev: int | None = None
+
+
+class ConsumerMember:
+    def __init__(self, *, etcd: aetcd.Client, client: Client, root: str, me: ProcessId, app: App,
+                 data_dir: str, ttl: float = 10.0, limit: int = 1024,
+                 snapshot_interval: float = 10.0) -> None:
+        self.etcd, self.client, self.root, self.me, self.app = etcd, client, root.rstrip("/"), me, app
+        self.data_dir, self.ttl, self.limit = data_dir, ttl, limit
+        self.snapshot_interval = snapshot_interval
+        self.running: dict[str, _Running] = {}
+        self._failed: dict[str, float] = {}
+        self._published: dict[str, bytes] = {}
+        self.outputs = AppendService(client)
+        self.mirror = Mirror(etcd, [shards_prefix(root), consumer_root(root) + "/"])
+        self._wake = asyncio.Event()
+
+    # -- views of the mirror -------------------------------------------------------------
+
+    def specs(self) -> dict[str, ShardSpec]:
+        out = {}
+        prefix = shards_prefix(self.root)
+        for key, kv in self.mirror.items(prefix):
+            try:
+                spec = msgspec.json.decode(kv.value, type=ShardSpec)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if spec.id == key[len(prefix):]:
+                out[spec.id] = spec
+        return out
+
+    def members(self) -> list[MemberState]:
+        out = []
+        for _key, kv in self.mirror.items(members_prefix(consumer_root(self.root))):
+            try:
+                b = msgspec.json.decode(kv.value, type=BrokerSpec)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            out.append(MemberState(b.id, b.journal_limit, b.exiting))
+        return out
+
+    def locks(self) -> dict[str, str]:
+        prefix = primary_prefix(self.root)
+        return {key[len(prefix):]: kv.value.decode() for key, kv in self.mirror.items(prefix)}
+
+    # -- main loop -----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> int:
+        spec = BrokerSpec(id=self.me, journal_limit=self.limit)
+        async with Membership(self.etcd, consumer_root(self.root), spec, ttl=self.ttl,
+                              wait_absent=self.ttl + 2) as membership:
+            self.membership = membership
+            await self.outputs.start()
+            async with self.mirror:
+                self.mirror.on_change.append(lambda: self._wake.set())
+                reporter = asyncio.create_task(self._report_loop(), name="status-reporter")
+                if ready is not None:
+                    ready.set()
+                try:
+                    while not stop.is_set() and not membership.lost.is_set():
+                        self._reap()
+                        await self._step()
+                        self._wake.clear()
+                        waits = [asyncio.ensure_future(e.wait())
+                                 for e in (self._wake, stop, membership.lost)]
+                        await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                        for w in waits:
+                            w.cancel()
+                    if membership.lost.is_set():
+                        log.error("lease lost; abandoning shards", member=str(self.me))
+                        await self._abandon()
+                        return EXIT_LEASE_LOST
+                    await membership.set_exiting()
+                    await self._release_all()
+                finally:
+                    reporter.cancel()
+                    with contextlib.suppress(BaseException):
+                        await reporter
+                    await self.outputs.close(timeout=10.0)
+        return 0
+
+    async def _step(self) -> None:
+        specs = self.specs()
+        ranked = placement(specs.values(), self.members())
+        locks = self.locks()
+        primaries = [s for s, r in self.running.items() if r.primary]
+        standbys = [s for s, r in self.running.items() if not r.primary]
+        for step in plan_member(self.me, specs, ranked, locks, primaries, standbys):
+            if step.shard in self._failed and time.monotonic() < self._failed[step.shard]:
+                continue
+            if step.action is Action.RELEASE or step.action is Action.STOP_STANDBY:
+                await self._stop(step.shard)
+            elif step.action is Action.ACQUIRE:
+                await self._acquire(specs[step.shard])
+            elif step.action is Action.STANDBY:
+                self._start(specs[step.shard], primary=False)
+        notices = {key[len(notice_prefix(self.root)):]: kv.mod_revision
+                   for key, kv in self.mirror.items(notice_prefix(self.root))}
+        for shard, running in self.running.items():
+            rev = notices.get(shard, 0)
+            if running.notice_rev is not None and rev > running.notice_rev:
+                running.runner.notice.set()
+            running.notice_rev = rev
+
+    def _reap(self) -> None:
+        for shard, running in list(self.running.items()):
+            if not running.task.done():
+                continue
+            del self.running[shard]
+            exc = None if running.task.cancelled() else running.task.exception()
+            if exc is not None:
+                log.error("shard failed", shard=shard, error=repr(exc), primary=running.primary)
+                self._failed[shard] = time.monotonic() + RETRY_AFTER_FAILURE
+            asyncio.ensure_future(self._after_exit(shard, running))
+
+    async def _after_exit(self, shard: str, running: _Running) -> None:
+        with contextlib.suppress(Exception):
+            ops = [delete_op(status_key(self.root, shard, self.me))]
+            if running.primary and running.lock_revision:
+                await txn(self.etcd, [cmp_create(primary_key(self.root, shard), running.lock_revision)],
+                          [delete_op(primary_key(self.root, shard))])
+            await txn(self.etcd, [], ops)
+        self._published.pop(shard, None)
+        self._wake.set()
+
+    async def _acquire(self, spec: ShardSpec) -> None:
+        key = primary_key(self.root, spec.id)
+        result = await txn(self.etcd, [cmp_version(key, 0)],
+                           [put_op(key, str(self.me).encode(), self.membership.lease_id)])
+        if not result.succeeded:
+            return
+        if spec.id in self.running:  # a standby being promoted: it must close the store
+            await self._stop(spec.id, keep_lock=True)
+        self._start(spec, primary=True, lock_revision=result.revision)
+
+    def _start(self, spec: ShardSpec, *, primary: bool, lock_revision: int = 0) -> None:
+        runner = ShardRunner(client=self.client, etcd=self.etcd, root=self.root, me=self.me,
+                             spec=spec, app=self.app, data_dir=self.data_dir, outputs=self.outputs,
+                             snapshot_interval=self.snapshot_interval)
+        stop = asyncio.Event()
+        if primary:
+            author = f"{self.me.zone}.{self.me.suffix}.{lock_revision}"
+            coro = runner.run_primary(author, stop)
+        else:
+            coro = runner.run_standby(stop)
+        task = asyncio.create_task(self._guarded(runner, coro), name=f"shard-{spec.id}")
+        self.running[spec.id] = _Running(runner, stop, task, primary, lock_revision)
+        log.info("shard started", shard=spec.id, role="primary" if primary else "standby")
+
+    async def _guarded(self, runner: ShardRunner, coro) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await coro
+            with contextlib.suppress(ValueError):
+                runner.lifecycle.to(ShardState.IDLE)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            runner.lifecycle.to(ShardState.FAILED, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):
+                await self._publish_one(runner)
+            raise
+        finally:
+            self._wake.set()
+
+    async def _stop(self, shard: str, keep_lock: bool = False) -> None:
+        running = self.running.get(shard)
+        if running is None:
+            return
+        running.stop.set()
+        with contextlib.suppress(BaseException):
+            await running.task
+        self.running.pop(shard, None)
+        if not keep_lock:
+            await self._after_exit(shard, running)
+        log.info("shard stopped", shard=shard, primary=running.primary)
+
+    async def _release_all(self) -> None:
+        await asyncio.gather(*(self._stop(s) for s in list(self.running)), return_exceptions=True)
+
+    async def _abandon(self) -> None:
+        for running in self.running.values():
+            running.task.cancel()
+        await asyncio.gather(*(r.task for r in self.running.values()), return_exceptions=True)
+        self.running.clear()
+
+    # -- status --------------------------------------------------------------------------
+
+    async def _publish_one(self, runner: ShardRunner) -> None:
+        value = msgspec.json.encode(runner.status())
+        await txn(self.etcd, [], [put_op(status_key(self.root, runner.spec.id, self.me), value,
+                                         self.membership.lease_id)])
+
+    async def _report_loop(self) -> None:
+        """Mirror each running shard's status (offsets, lag, state) to etcd every second."""
+        while True:
+            for shard, running in list(self.running.items()):
+                status = running.runner.status()
+                fingerprint = msgspec.json.encode(msgspec.structs.replace(status, updated=0.0))
+                if self._published.get(shard) == fingerprint:
+                    continue
+                try:
+                    await self._publish_one(running.runner)
+                    self._published[shard] = fingerprint
+                except Exception as exc:  # noqa: BLE001 - etcd hiccup: next round
+                    log.warning("status report failed", shard=shard, error=repr(exc))
+            await asyncio.sleep(1.0)
