@@ -69,6 +69,7 @@ class ConsumerMember:
         self.outputs = AppendService(client)
         self.mirror = Mirror(etcd, [shards_prefix(root), consumer_root(root) + "/"])
         self._wake = asyncio.Event()
+        self._report_lock = asyncio.Lock()
 
     # -- views of the mirror -------------------------------------------------------------
 
@@ -169,13 +170,18 @@ class ConsumerMember:
             asyncio.ensure_future(self._after_exit(shard, running))
 
     async def _after_exit(self, shard: str, running: _Running) -> None:
-        with contextlib.suppress(Exception):
-            ops = [delete_op(status_key(self.root, shard, self.me))]
-            if running.primary and running.lock_revision:
-                await txn(self.etcd, [cmp_create(primary_key(self.root, shard), running.lock_revision)],
-                          [delete_op(primary_key(self.root, shard))])
-            await txn(self.etcd, [], ops)
-        self._published.pop(shard, None)
+        """Delete our status report and (if we held it) the lock, in one transaction, so
+        no reader ever sees a released primary's PRIMARY report beside its successor's."""
+        async with self._report_lock:
+            status = delete_op(status_key(self.root, shard, self.me))
+            with contextlib.suppress(Exception):
+                if running.primary and running.lock_revision:
+                    lock = primary_key(self.root, shard)
+                    await txn(self.etcd, [cmp_create(lock, running.lock_revision)],
+                              [delete_op(lock), status], [status])
+                else:
+                    await txn(self.etcd, [], [status])
+            self._published.pop(shard, None)
         self._wake.set()
 
     async def _acquire(self, spec: ShardSpec) -> None:
@@ -221,13 +227,20 @@ class ConsumerMember:
         running = self.running.get(shard)
         if running is None:
             return
+        if self.membership.lost.is_set():
+            running.task.cancel()  # not a member any more: write nothing, just stop
         running.stop.set()
-        with contextlib.suppress(BaseException):
+        error = ""
+        try:
             await running.task
+        except asyncio.CancelledError:
+            error = "cancelled"
+        except Exception as exc:  # noqa: BLE001 - e.g. ShardFenced: reported, then released
+            error = f"{type(exc).__name__}: {exc}"
         self.running.pop(shard, None)
         if not keep_lock:
             await self._after_exit(shard, running)
-        log.info("shard stopped", shard=shard, primary=running.primary)
+        log.info("shard stopped", shard=shard, primary=running.primary, error=error or None)
 
     async def _release_all(self) -> None:
         await asyncio.gather(*(self._stop(s) for s in list(self.running)), return_exceptions=True)
@@ -253,9 +266,12 @@ class ConsumerMember:
                 fingerprint = msgspec.json.encode(msgspec.structs.replace(status, updated=0.0))
                 if self._published.get(shard) == fingerprint:
                     continue
-                try:
-                    await self._publish_one(running.runner)
-                    self._published[shard] = fingerprint
-                except Exception as exc:  # noqa: BLE001 - etcd hiccup: next round
-                    log.warning("status report failed", shard=shard, error=repr(exc))
+                async with self._report_lock:
+                    if self.running.get(shard) is not running or running.task.done():
+                        continue  # stopped meanwhile: its report is (being) deleted
+                    try:
+                        await self._publish_one(running.runner)
+                        self._published[shard] = fingerprint
+                    except Exception as exc:  # noqa: BLE001 - etcd hiccup: next round
+                        log.warning("status report failed", shard=shard, error=repr(exc))
             await asyncio.sleep(1.0)
