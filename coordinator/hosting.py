@@ -16,14 +16,20 @@ is closed and handed to the persister, and the Replica (its closed fragments, re
 and fetchable, and its spool offset, which it brings to the next pipeline sync if it is
 assigned again) stays until the index shows everything persisted.
 
-A lost lease (the process was paused past its TTL, or etcd expired it): etcd already
-deleted our member key, assignments and allocator leader key, so we hold no journal.
-`_watch_lease` drops every pipeline and replicate stream at once (we must not act as
-primary a moment longer) and re-announces under a new lease, so the allocator can
-place journals here again. Re-registering in place rather than exiting keeps the
-spools (which may hold the only copy of committed, unpersisted content) and keeps
-the cluster's capacity when nothing restarts us; the old incarnation's state is
-harmless because the peers fence it by route.
+Losing membership (topology/membership.py notices it at once: our member key deleted
+or taken over, or our lease expired, e.g. the process was paused past its TTL):
+`_fence` drops every pipeline and replicate stream at once (we must not act as primary
+a moment longer), then `Membership.maintain` revokes the old lease (etcd deletes every
+assignment and leader key still under it) and re-announces under a new one, so the
+allocator can place journals here again. Re-registering in place rather than exiting
+keeps the spools (which may hold the only copy of committed, unpersisted content) and
+keeps the cluster's capacity when nothing restarts us; the old incarnation's state is
+harmless because the peers fence it by route (docs/reliability.md, "Own membership").
+
+Standing: while etcd has not confirmed our lease for its TTL minus a margin (etcd
+paused or unreachable), the resolver reports no primary for our journals and
+`_on_standing` fails our pipelines, before etcd could expire the lease and another
+member take over; once a refresh succeeds we reconcile and pulse again.
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ class Hosting:
                 async with Membership(self.client, cfg.root, spec, cfg.lease_ttl,
                                       wait_absent=cfg.lease_ttl + 5) as member:
                     self.membership = member
+                    self.resolver.may_lead = lambda: member.in_good_standing
+                    member.on_standing.append(self._on_standing)
                     ks.on_change.append(lambda _ks: self._changed.set())
                     yield self
         finally:
@@ -156,33 +164,41 @@ class Hosting:
         self._changed.set()
 
     async def _watch_lease(self) -> None:
-        while True:
-            member = self.membership
-            assert member is not None
-            await member.lost.wait()
-            log.error("membership lease lost: dropping every pipeline and stream, re-announcing",
-                      member=str(self.server.me))
-            self._pulsed.clear()
-            for replica in list(self.server.replicas.values()):
-                replica.resolution = None
-                stream = replica.stream
-                if stream is not None:
-                    replica.stream = None
-                    stream[1].abort()
-                pln = replica.pipeline
-                if pln is not None:
-                    pln._fail(PipelineBroken("membership lease lost"))
-                    self._spawn(self._retire(replica))
-            delay = 0.2
-            while not self._stop.is_set():
-                try:
-                    await member.renew()
-                    break
-                except Exception as exc:  # noqa: BLE001 - etcd unreachable: keep trying
-                    log.warning("re-announcing failed; retrying", error=repr(exc), delay=delay)
-                    await asyncio.sleep(delay)  # backoff against an unavailable etcd
-                    delay = min(delay * 2, 5.0)
-            self._changed.set()
+        member = self.membership
+        assert member is not None
+        await member.maintain(self._fence)
+
+    async def _fence(self, reason: str) -> None:
+        """Membership lost: drop everything held under the old lease (before re-announcing)."""
+        log.error("membership lost: dropping every pipeline and stream, re-announcing",
+                  member=str(self.server.me), reason=reason)
+        self._drop_all(f"membership lost: {reason}", streams=True)
+
+    def _on_standing(self, good: bool) -> None:
+        if good:
+            self._changed.set()  # primary again where the keyspace says so: pulse
+            return
+        if self.membership is not None and self.membership.lost.is_set():
+            return  # lost, not just unconfirmed: `_fence` drops everything next
+        log.error("membership lease unconfirmed: stepping down as primary everywhere",
+                  member=str(self.server.me))
+        self._drop_all("membership lease unconfirmed", streams=False)
+
+    def _drop_all(self, why: str, *, streams: bool) -> None:
+        """Fail every pipeline we lead (and with `streams`, abort every replicate stream
+        we serve); forget cached resolutions and pulses."""
+        self._pulsed.clear()
+        for replica in list(self.server.replicas.values()):
+            replica.resolution = None
+            stream = replica.stream
+            if streams and stream is not None:
+                replica.stream = None
+                stream[1].abort()
+            pln = replica.pipeline
+            if pln is not None:
+                pln._fail(PipelineBroken(why))
+                self._spawn(self._retire(replica))
+        self._changed.set()
 
     # -- following assignments ------------------------------------------------------------
 

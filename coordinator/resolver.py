@@ -7,7 +7,10 @@ that is ahead must not make us answer from an older topology.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from protocol import Etcd, Header, JournalSpec, ProcessId, Route, Status
 
@@ -44,6 +47,11 @@ class Resolver:
         self.keyspace = keyspace
         self.me = me
         self.revision_wait = revision_wait
+        self.may_lead: Callable[[], bool] = lambda: True
+        """False while our membership lease cannot be vouched for (Membership's
+        standing): we then resolve as if our journals had no primary, so appends here
+        fail with NO_JOURNAL_PRIMARY_BROKER (the client retries elsewhere) and our
+        pipelines' fences refuse to acknowledge."""
 
     async def resolve(self, journal: str, *, min_revision: int = 0,
                       require_primary: bool = False) -> Resolution:
@@ -65,6 +73,11 @@ class Resolver:
         header = self._header(route)
         is_member = self.me is not None and route.index_of(self.me) >= 0
         is_primary = self.me is not None and route.primary_id == self.me
+        if is_primary and not self.may_lead():
+            # Stepped down until etcd confirms our lease again: no primary here.
+            route = msgspec.structs.replace(route, primary=-1)
+            header = self._header(route)
+            is_primary = False
         if not route.members:
             status = Status.INSUFFICIENT_JOURNAL_BROKERS
         elif require_primary and route.primary < 0:

@@ -42,9 +42,9 @@ from .etcd import (
     parse_assignment_key,
     parse_journal_key,
     parse_member_key,
-    prefix_end,
 )
 from .membership import BrokerSpec
+from .watch import WatchEnded, watch_events
 
 __all__ = ["Assignment", "BrokerSpec", "JournalEntry", "KeySpace", "LeaderEntry", "MemberEntry"]
 
@@ -86,10 +86,6 @@ class LeaderEntry:
     mod_revision: int
     create_revision: int
     lease: int
-
-
-class _WatchEnded(Exception):
-    """The watch stream ended; `relist` says whether resuming is impossible."""
 
 
 class KeySpace:
@@ -234,25 +230,9 @@ class KeySpace:
                 backoff = min(backoff * 2, MAX_BACKOFF)
 
     async def _watch(self) -> None:
-        await self._client.connect()
-        requests: asyncio.Queue[Any] = asyncio.Queue()
-        create = rpc.WatchCreateRequest(key=self._prefix, range_end=prefix_end(self._prefix),
-                                        start_revision=self.revision + 1)
-        requests.put_nowait(rpc.WatchRequest(create_request=create))
-
-        async def outgoing() -> Any:
-            while True:
-                yield await requests.get()
-
-        call = rpc.WatchStub(self._client.channel).Watch(outgoing(), metadata=self._client.metadata)
-        try:
-            async for resp in call:
-                if resp.compact_revision:
-                    raise _WatchEnded(f"compacted at {resp.compact_revision}")
-                if resp.canceled:
-                    raise _WatchEnded(f"watch cancelled: {resp.cancel_reason}")
-                if resp.created or not resp.events:
-                    continue  # only event batches say the mirror is complete through a revision
+        async with contextlib.aclosing(watch_events(self._client, self._prefix, self.revision + 1,
+                                                    prefix=True)) as batches:
+            async for resp in batches:
                 changed = False
                 for ev in resp.events:
                     if ev.type == rpc.Event.PUT:
@@ -263,9 +243,7 @@ class KeySpace:
                 self._set_header(resp.header)
                 self.revision = max(self.revision, resp.header.revision)
                 self._notify(changed)
-            raise _WatchEnded("watch stream closed by etcd")
-        finally:
-            call.cancel()
+        raise WatchEnded("watch stream closed")
 
     def _set_header(self, header: Any) -> None:
         self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,
