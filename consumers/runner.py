@@ -153,6 +153,7 @@ class ShardRunner:
         framers = {j: LineFramer() for j in self.offsets}
         policy = CommitPolicy(self.spec.checkpoint_interval)
         handled = metrics.MESSAGES.labels(shard_id)
+        handle, decode = app.handle, app.decode
         stopping = asyncio.ensure_future(stop.wait())
         noticed = asyncio.ensure_future(self.notice.wait())
         readers = [asyncio.create_task(self._read(j, o, queue), name=f"read-{shard_id}-{j}")
@@ -184,10 +185,11 @@ class ShardRunner:
                 while item is not None:
                     journal, at, data = item
                     framer = framers[journal]
-                    for offset, line in framer.feed(at, data):
+                    lines = framer.feed(at, data)
+                    for offset, line in lines:
                         if len(line) > 1:
-                            app.handle(shard, Message(journal, offset, app.decode(line), line))
-                            n += 1
+                            handle(shard, Message(journal, offset, decode(line), line))
+                    n += len(lines)
                     self.offsets[journal] = framer.next_offset
                     if n > 4096:
                         break

@@ -24,21 +24,22 @@ class Counts(App):
         shard.state["output"] = shard.spec.labels.value("output")
 
     def handle(self, shard: Shard, msg: Message) -> None:
-        key = msg.value.get("key") if isinstance(msg.value, dict) else None
-        if key is None:
-            return
-        skey = "c/" + str(key)
+        try:
+            skey = "c/" + str(msg.value["key"])
+        except (KeyError, TypeError):
+            return  # not a keyed JSON object: not counted
         dirty = shard.state["dirty"]
         n = dirty.get(skey)
         if n is None:
             raw = shard.store.get(skey)
             n = int(raw) if raw is not None else 0
-        n += 1
-        dirty[skey] = n
-        shard.store.put(skey, b"%d" % n)
+        dirty[skey] = n + 1
+        # The store is written once per key per transaction (before_commit), not per message.
 
     def before_commit(self, shard: Shard) -> None:
         dirty = shard.state["dirty"]
+        for k, n in dirty.items():
+            shard.store.put(k, b"%d" % n)
         output = shard.state["output"]
         if output and dirty:
             lines = b"".join(_enc.encode({"shard": shard.id, "key": k[2:], "count": n}) + b"\n"
