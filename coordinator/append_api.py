@@ -169,7 +169,9 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
             journal=req.journal, header=res.header, do_not_proxy=True, offset=req.offset,
             check_registers=req.check_registers, union_registers=req.union_registers,
             subtract_registers=req.subtract_registers, suspend=req.suspend,
-            min_etcd_revision=req.min_etcd_revision))
+            min_etcd_revision=req.min_etcd_revision, producer=req.producer,
+            generation=req.generation, history=req.history, txn=req.txn,
+            close_history=req.close_history))
         try:
             while True:
                 chunk = await source.next_chunk()

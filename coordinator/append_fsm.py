@@ -37,11 +37,11 @@ from typing import Any, Protocol
 
 from protocol.logs import get_logger
 from protocol import AppendRequest, Fragment, LabelSet, Status, Suspend
-from protocol.errors import QuireError
 
 from . import metrics
 from .append_rules import (
     TERMINAL,
+    AppendAborted,
     TRANSITIONS,
     Decision,
     State,
@@ -53,6 +53,7 @@ from .append_rules import (
     next_registers,
     validate_preconditions,
 )
+from .append_eo import ExactlyOnceStates
 from .append_sync import LOCK_TIMEOUT, PipelineSyncStates
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
@@ -63,14 +64,6 @@ __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"
 log = get_logger(__name__)
 
 MAX_RESOLVES = 30
-
-
-class AppendAborted(QuireError):
-    """The client aborted, disconnected, timed out or was too slow."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class ContentSource(Protocol):
@@ -94,7 +87,7 @@ class Broker(Protocol):
     async def update_suspend(self, journal: str, suspend: Suspend) -> int: ...
 
 
-class AppendFSM(SuspendStates, PipelineSyncStates):
+class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
     def __init__(self, broker: Broker, req: AppendRequest, source: ContentSource) -> None:
         self.broker = broker
         self.req = req
@@ -108,6 +101,10 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
         self.read_through = 0
         self.roll_to: int | None = None
         self.roll_registers: LabelSet | None = None
+        self.roll_producers = None
+        self.original: Fragment | None = None
+        """An identified append that already committed: its original commit (the answer;
+        nothing is written again). producers.py."""
         self.status = Status.OK
         self.message = ""
         self.commit: Fragment | None = None
@@ -228,6 +225,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
     def _fast_validate_preconditions(self) -> bool:
         replica = self.replica
         assert replica is not None
+        if self.req.producer and self._check_producer(replica):
+            return True
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
                                    replica.spool.end, replica.index_end)
         if d.suspend is not None:
@@ -267,6 +266,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
             return
         replica = self.replica
         assert replica is not None
+        if self.req.producer and self._check_producer(replica):
+            return
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
                                    replica.spool.end, replica.index_end)
         self._suspend = d.suspend
@@ -275,6 +276,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
     async def _on_stream_content(self) -> None:
         pln, replica, spec = self.pipeline, self.replica, self.res.spec
         assert pln is not None and replica is not None
+        if self.original is not None:
+            return await self._duplicate(pln)
         spool = replica.spool
         started = spool.delta == 0 and self.total_chunks == 0
         if started:
@@ -313,16 +316,20 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
     async def _commit(self, pln: Pipeline, replica: Replica) -> None:
         spool = replica.spool
         carries = spool.delta != 0
+        req = self.req
+        mark = self._mark(spool, carries) if req.producer else None
         if not carries:
-            if edits_registers(self.req):
+            if edits_registers(req):
                 self._aborted = AppendAborted("a zero-byte append cannot edit registers")
                 return await self._rollback(pln)
-            prop = spool.rollback_proposal(acknowledge=True)  # a transaction barrier
+            # A transaction barrier (an identified one records its txn, or a close).
+            prop = spool.rollback_proposal(acknowledge=True, mark=mark)
         else:
-            prop = spool.commit_proposal(next_registers(spool.registers, self.req))
+            prop = spool.commit_proposal(next_registers(spool.registers, req), mark)
         # send_proposal checks the pipeline before anything leaves: a broken one raises
-        # with nothing sent (still definite). Past this point a peer may get the commit.
-        self.commit_sent = carries and pln.broken is None
+        # with nothing sent (still definite). Past this point a peer may get the commit
+        # (or, for an identified barrier, record its txn).
+        self.commit_sent = (carries or mark is not None) and pln.broken is None
         local = pln.send_proposal(prop)
         if local.status != Status.OK:
             raise PipelineBroken(f"local spool refused its own proposal: {local.status.name}")
@@ -360,7 +367,7 @@ class AppendFSM(SuspendStates, PipelineSyncStates):
         if self._aborted is not None:
             metrics.APPENDS_ABORTED.labels(self._aborted.reason.split(":")[0][:40]).inc()
             return self._fail(Status.ABORTED, self._aborted.reason)
-        if self.commit is not None:
+        if self.commit is not None and self.original is None:
             replica.publish(self.commit.end)
             metrics.APPEND_BYTES.inc(self.commit.end - self.commit.begin)
         self._go(State.FINISHED)

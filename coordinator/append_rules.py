@@ -18,12 +18,14 @@ from protocol import (
     JournalSpec,
     LabelSet,
     ProcessId,
+    ProducerSnapshot,
     ReplicateResponse,
     Route,
     Status,
     Suspend,
     SuspendLevel,
 )
+from protocol.errors import QuireError
 
 
 class State(enum.Enum):
@@ -68,6 +70,14 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 
+class AppendAborted(QuireError):
+    """The client aborted, disconnected, timed out or was too slow."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     state: State
@@ -78,6 +88,8 @@ class Decision:
     read_through: int = 0
     suspend: Suspend | None = None
     """A suspension to write into the spec before resolving again (resume)."""
+    producers: ProducerSnapshot | None = None
+    """With roll_to: the producer table of the peer rolled forward to (like registers)."""
 
 
 _PLAIN = {s: Decision(s) for s in State}
@@ -118,6 +130,7 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
     """Gather the sync answers (Gazette's gatherSync), largest offset wins."""
     roll_to: int | None = None
     registers: LabelSet | None = None
+    producers: ProducerSnapshot | None = None
     read_through = 0
     for pid, resp in responses:
         if resp.status == Status.OK:
@@ -136,7 +149,7 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
                 # The peer has seen a larger offset: roll forward to it and take its
                 # registers, never re-writing an offset it may have committed.
                 if roll_to is None or peer.end > roll_to:
-                    roll_to, registers = peer.end, resp.registers
+                    roll_to, registers, producers = peer.end, resp.registers, resp.producers
                 continue
             if peer.end == ours.end and peer.begin == peer.end:
                 # The peer cannot extend our fragment (a new member): close it here.
@@ -148,7 +161,8 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
     if read_through:
         return Decision(S.RESOLVE, read_through=read_through)
     if roll_to is not None:
-        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers)
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers,
+                        producers=producers)
     return _PLAIN[S.UPDATE_ASSIGNMENTS]
 
 

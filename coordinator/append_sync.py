@@ -40,6 +40,7 @@ class PipelineSyncStates:
     read_through: int
     roll_to: int | None
     roll_registers: LabelSet | None
+    roll_producers: Any
     _ticket: Any
 
     def _go(self, decision: Decision | State) -> None: ...
@@ -104,12 +105,19 @@ class PipelineSyncStates:
     async def _on_send_pipeline_sync(self) -> None:
         pln, spool = self.pipeline, self.replica.spool  # type: ignore[union-attr]
         assert pln is not None
+        # Every synchronizing proposal carries the producer table (exactly-once appends):
+        # a replica it rolls forward adopts it with the registers; when rolling forward
+        # to a peer that is ahead, it is that peer's table.
+        producers = self.roll_producers
+        if producers is None:
+            producers = spool.producers.snapshot()
         if self.roll_to is not None:
-            prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers)
+            prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers,
+                                       producers=producers)
             self._log.info("rolling spool in sync", roll_to=self.roll_to)
-            self.roll_to = self.roll_registers = None
+            self.roll_to = self.roll_registers = self.roll_producers = None
         else:
-            prop = spool.rollback_proposal(acknowledge=True)
+            prop = spool.rollback_proposal(acknowledge=True, producers=producers)
         try:
             pln.send_proposal(prop, first=True)
             self._ticket = pln.ticket()
@@ -134,6 +142,7 @@ class PipelineSyncStates:
             replica.publish(replica.spool.end)
         elif d.state is State.SEND_PIPELINE_SYNC:
             self.roll_to, self.roll_registers = d.roll_to, d.registers
+            self.roll_producers = d.producers
         else:
             await self.broker.teardown_pipeline(replica)
             self.read_through = max(self.read_through, d.read_through)

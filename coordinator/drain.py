@@ -70,7 +70,8 @@ def record_heads(server: Host) -> None:
         spool = r.spool
         if spool.content_length == 0 and spool.delta == 0 and spool.end > 0:
             try:
-                write_head(server.files, r.journal, spool.fragment, spool.registers)
+                write_head(server.files, r.journal, spool.fragment, spool.registers,
+                           spool.producers.snapshot() if spool.producers else None)
             except OSError as exc:
                 log.warning("cannot record the write head", journal=r.journal, error=repr(exc))
 

@@ -20,6 +20,10 @@ AUTH_REFUSALS = Counter("quire_auth_refusals_total",
 APPENDS_ABORTED = Counter("quire_appends_aborted_total",
                           "Appends rolled back (client abort, disconnect, timeout, too slow).", ["reason"])
 
+APPENDS_DEDUPLICATED = Counter("quire_appends_deduplicated_total",
+                               "Identified appends answered with their original commit "
+                               "(a re-sent transaction that had already committed).")
+
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Serve /metrics on a daemon thread (prometheus_client's own server)."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+
+import msgspec
 from collections.abc import Callable, Sequence
 from ssl import SSLContext
 
@@ -118,8 +120,7 @@ class Pipeline:
         self._check()
         local = self.spool.apply_proposal(prop, primary=True)
         if first:
-            prop = ReplicateProposal(proposal=prop.proposal, registers=prop.registers,
-                                     acknowledge=prop.acknowledge, header=self.header)
+            prop = msgspec.structs.replace(prop, header=self.header)
         self._send(encode_frame(prop))
         return local
 

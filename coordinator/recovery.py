@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from protocol.logs import get_logger
-from protocol import Codec, Fragment, LabelSet
+from protocol import Codec, Fragment, LabelSet, ProducerSnapshot
 
 from .replica import LocalFragment
 from .spool import DiskFile, DiskFiles
@@ -53,15 +53,19 @@ class Head(msgspec.Struct, frozen=True, kw_only=True):
     end: int
     registers: LabelSet = LabelSet()
     codec: Codec = Codec.NONE
+    producers: ProducerSnapshot | None = None
+    """The producer table (exactly-once appends) at the head, so deduplication survives
+    a restart of every replica (docs/exactly-once.md)."""
 
 
-def write_head(files: DiskFiles, journal: str, fragment: Fragment, registers: LabelSet) -> None:
+def write_head(files: DiskFiles, journal: str, fragment: Fragment, registers: LabelSet,
+               producers: ProducerSnapshot | None = None) -> None:
     """Record `fragment.end` (an empty spool's position) for the next incarnation."""
     path = files.root / journal / HEAD_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(HEAD_FILE + ".tmp")
     tmp.write_bytes(msgspec.json.encode(Head(end=fragment.end, registers=registers,
-                                             codec=fragment.codec)))
+                                             codec=fragment.codec, producers=producers)))
     os.replace(tmp, path)  # whole or absent, never torn
 
 

@@ -175,7 +175,8 @@ class Replica:
         if head.end <= spool.end or spool.content_length or spool.delta:
             return
         resp = spool.apply_proposal(spool.roll_proposal(head.end, codec=head.codec,
-                                                        registers=head.registers))
+                                                        registers=head.registers,
+                                                        producers=getattr(head, "producers", None)))
         self.publish(spool.end)
         self._log.info("spool resumed at the recorded write head", end=head.end,
                        status=resp.status.name)

@@ -90,7 +90,8 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                         replica.note_synced(spool.end)
                     if not header_sent:
                         resp = ReplicateResponse(status=resp.status, header=res.header,
-                                                 fragment=resp.fragment, registers=resp.registers)
+                                                 fragment=resp.fragment, registers=resp.registers,
+                                                 producers=resp.producers)
                         header_sent = True
                     conn.write(resp)
                     await conn.drain()

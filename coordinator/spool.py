@@ -15,7 +15,12 @@ primary independently:
   - rollback: the proposal equals the committed fragment (and registers): delta is
     discarded, the SHA-1 state restored, the file truncated.
   - commit: `delta != 0` and proposal == `next()`: adopt it, take registers, notify.
-  - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers.
+  - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers
+    (and producer table).
+
+The producer table (producers.py) travels like the registers: a proposal's `mark` is
+recorded once the proposal is adopted (a commit, or a barrier that closes a history),
+and a roll forward adopts the proposal's whole `producers` snapshot when it has one.
 
 No asyncio, sockets, etcd or store imports: files are reached through the small
 `SpoolFile` / `FileFactory` interface (disk and memory implementations in
@@ -29,8 +34,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from protocol import EMPTY_SUM, Codec, Fragment, LabelSet, ReplicateProposal, ReplicateResponse, Status
+from protocol import (EMPTY_SUM, Codec, Fragment, LabelSet, ProducerMark, ProducerSnapshot,
+                      ReplicateProposal, ReplicateResponse, Status)
 from protocol.errors import QuireError
+
+from .producers import ProducerTable
 
 # The file interface and its implementations live in spool_files.py; re-exported here.
 from .spool_files import DiskFile, DiskFiles, FileFactory, MemoryFile, MemoryFiles, SpoolFile  # noqa: F401
@@ -65,17 +73,22 @@ class NullObserver:
 # -- the spool --------------------------------------------------------------------------
 
 _EMPTY_SHA1 = hashlib.sha1()
+_OK = ReplicateResponse(status=Status.OK)
+"""Shared and immutable: the answer to every adopted proposal."""
 
 
 class Spool:
     __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
-                 "_hasher", "_saved", "_file", "_files", "_observer", "_clock")
+                 "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers")
 
     def __init__(self, journal: str, *, files: FileFactory | None = None,
                  observer: SpoolObserver | None = None, begin: int = 0,
                  codec: Codec = Codec.NONE, registers: LabelSet = LabelSet(),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 producers: ProducerTable | None = None) -> None:
         self.journal = journal
+        self.producers = producers if producers is not None else ProducerTable(journal)
+        """Identified transactions acted on (exactly-once appends, producers.py)."""
         self.fragment = Fragment(journal=journal, begin=begin, end=begin, codec=codec)
         self.registers = registers
         self.first_append_time = 0.0
@@ -126,21 +139,26 @@ class Spool:
 
     # -- proposals a primary builds (pure) -------------------------------------------
 
-    def commit_proposal(self, registers: LabelSet | None = None) -> ReplicateProposal:
+    def commit_proposal(self, registers: LabelSet | None = None,
+                        mark: ProducerMark | None = None) -> ReplicateProposal:
         return ReplicateProposal(proposal=self.next(),
-                                 registers=self.registers if registers is None else registers)
+                                 registers=self.registers if registers is None else registers,
+                                 mark=mark)
 
-    def rollback_proposal(self, acknowledge: bool = False) -> ReplicateProposal:
+    def rollback_proposal(self, acknowledge: bool = False, mark: ProducerMark | None = None,
+                          producers: ProducerSnapshot | None = None) -> ReplicateProposal:
         return ReplicateProposal(proposal=self.fragment, registers=self.registers,
-                                 acknowledge=acknowledge)
+                                 acknowledge=acknowledge, mark=mark, producers=producers)
 
     def roll_proposal(self, offset: int | None = None, codec: Codec | None = None,
-                      registers: LabelSet | None = None, acknowledge: bool = True) -> ReplicateProposal:
+                      registers: LabelSet | None = None, acknowledge: bool = True,
+                      producers: ProducerSnapshot | None = None) -> ReplicateProposal:
         at = self.fragment.end if offset is None else offset
         return ReplicateProposal(
             proposal=Fragment(journal=self.journal, begin=at, end=at,
                               codec=self.fragment.codec if codec is None else codec),
-            registers=self.registers if registers is None else registers, acknowledge=acknowledge)
+            registers=self.registers if registers is None else registers, acknowledge=acknowledge,
+            producers=producers)
 
     def should_roll(self, length_target: int, codec: Codec, flush_interval: float,
                     now: float | None = None) -> bool:
@@ -186,15 +204,19 @@ class Spool:
             return self._mismatch()
         end = self.fragment.end
         if prop.end > end + self.delta or (prop.end == end and prop.begin == prop.end):
-            self._roll(prop, msg.registers, primary)
+            self._roll(prop, msg.registers, primary, msg.producers)
 
         if prop == self.fragment and msg.registers == self.registers:
             self._rollback()
-            return ReplicateResponse(status=Status.OK)
+            if msg.mark is not None:
+                self.producers.apply(msg.mark)  # a barrier that closes a history
+            return _OK
 
         if self.delta != 0 and prop == self.next():
             self._commit(prop, msg.registers, primary)
-            return ReplicateResponse(status=Status.OK)
+            if msg.mark is not None:
+                self.producers.apply(msg.mark)
+            return _OK
         return self._mismatch()
 
     def rollback(self) -> None:
@@ -209,6 +231,7 @@ class Spool:
         end = max(frag.begin, min(end, frag.end))
         if end == frag.end:
             return False
+        self.producers.drop_after(end)
         hasher = _EMPTY_SHA1.copy()
         if self._file is not None:
             for pos in range(0, end - frag.begin, 1 << 20):
@@ -228,7 +251,7 @@ class Spool:
 
     def _mismatch(self) -> ReplicateResponse:
         return ReplicateResponse(status=Status.PROPOSAL_MISMATCH, fragment=self.fragment,
-                                 registers=self.registers)
+                                 registers=self.registers, producers=self.producers.snapshot())
 
     def _rollback(self) -> None:
         if self.delta:
@@ -246,7 +269,8 @@ class Spool:
             self.first_append_time = self._clock()
         self._observer.on_commit(self, prop, primary)
 
-    def _roll(self, prop: Fragment, registers: LabelSet, primary: bool) -> None:
+    def _roll(self, prop: Fragment, registers: LabelSet, primary: bool,
+              producers: ProducerSnapshot | None = None) -> None:
         self._rollback()
         old, file = self.fragment, self._file
         if old.end != old.begin:
@@ -258,6 +282,8 @@ class Spool:
         if prop.end > old.end:
             # Only a proposal strictly ahead carries registers we do not know.
             self.registers = registers
+            if producers is not None:
+                self.producers.restore(producers)
         self.fragment = Fragment(journal=self.journal, begin=prop.end, end=prop.end,
                                  sum=EMPTY_SUM, codec=prop.codec)
         self.delta = 0
