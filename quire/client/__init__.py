@@ -11,6 +11,7 @@ from protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
 from .append_service import AppendService, ServiceClosed
 from .client import Client
+from .producer import History, Producer, TxnId
 from .messages import FramingError, LineFramer, Mapper, NoJournals, encode, read_messages, rendezvous
 from .reader import Reader
 from .results import AppendResult
@@ -23,6 +24,9 @@ __all__ = [
     "Client",
     "CommitUnknown",
     "FramingError",
+    "History",
+    "Producer",
+    "TxnId",
     "LineFramer",
     "Mapper",
     "NoJournals",

@@ -30,6 +30,15 @@ service does not re-send such a batch: its futures fail with `CommitUnknown` (ea
 message is then in the journal at most once, and the caller decides). The plain
 `Client.append` never re-sends after its commit was sent (unless it carries an
 explicit offset); the chaos writers use it, which is why they see no duplicates.
+
+Exactly-once (`exactly_once=True, producer=NAME`, docs/exactly-once.md): the service
+starts a new generation of the producer (persisted under `state_dir`), keeps one
+history per journal, and gives every batch the next transaction number of its
+journal's history when it is first sent. A batch whose outcome is unknown is re-sent
+under the same number, and the primary answers it with the original commit if it had
+landed: no duplicates and no `commit_unknown_resends`. Limitation: batches spilled to
+disk and appended by a *later* run get that run's generation, so a batch that was in
+flight when the process crashed may land twice.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from typing import TYPE_CHECKING
 from protocol import Status, validate_journal_name
 from protocol.errors import CommitUnknown, QuireError, StatusError, Unavailable
 
+from .producer import History, Producer, TxnId
 from .results import AppendResult
 from .spill import SpillDir
 
@@ -52,7 +62,8 @@ if TYPE_CHECKING:
 FATAL_STATUSES = frozenset({
     Status.JOURNAL_NOT_FOUND, Status.NOT_ALLOWED, Status.INDEX_HAS_GREATER_OFFSET,
     Status.FRAGMENT_STORE_UNHEALTHY, Status.REGISTER_MISMATCH, Status.WRONG_APPEND_OFFSET,
-    Status.BAD_REQUEST,
+    Status.BAD_REQUEST, Status.TXN_OUT_OF_ORDER, Status.TXN_SUPERSEDED,
+    Status.PRODUCER_GENERATION_RETIRED, Status.HISTORY_CLOSED,
 })
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
@@ -62,7 +73,7 @@ class ServiceClosed(QuireError):
 
 
 class _Batch:
-    __slots__ = ("seq", "buf", "path", "size", "waiters", "in_flight", "done")
+    __slots__ = ("seq", "buf", "path", "size", "waiters", "in_flight", "done", "txn")
 
     def __init__(self, seq: int, loop: asyncio.AbstractEventLoop) -> None:
         self.seq = seq
@@ -72,13 +83,16 @@ class _Batch:
         self.waiters: list[tuple[asyncio.Future[AppendResult], int, int]] = []
         self.in_flight = False
         self.done: asyncio.Future[None] = loop.create_future()
+        self.txn: TxnId | None = None
+        """exactly_once: this batch's identifier, fixed at its first send."""
 
 
 class _Journal:
-    __slots__ = ("name", "batches", "writer", "spilling", "failures")
+    __slots__ = ("name", "batches", "writer", "spilling", "failures", "history")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.history: History | None = None
         self.batches: collections.deque[_Batch] = collections.deque()
         self.writer: asyncio.Task[None] | None = None
         self.spilling = False
@@ -89,8 +103,18 @@ class AppendService:
     def __init__(self, client: Client, *, spill_dir: str | Path | None = None,
                  max_batch_bytes: int = 4 << 20, max_buffered_bytes: int = 64 << 20,
                  attempt_timeout: float = 2.0, max_backoff: float = 5.0,
-                 at_least_once: bool = True) -> None:
+                 at_least_once: bool = True, exactly_once: bool = False,
+                 producer: str | Producer | None = None,
+                 state_dir: str | Path | None = None) -> None:
+        """`exactly_once`: identify every batch (needs `producer`, a name whose
+        generation is persisted under `state_dir`, or a started Producer)."""
         self.client = client
+        if exactly_once and producer is None:
+            raise ValueError("exactly_once needs a producer name")
+        self.producer: Producer | None = None
+        if exactly_once:
+            self.producer = producer if isinstance(producer, Producer) \
+                else Producer.start(str(producer), state_dir)
         self.spill = SpillDir(spill_dir) if spill_dir is not None else None
         self.max_batch_bytes = max_batch_bytes
         self.max_buffered_bytes = max_buffered_bytes
@@ -248,10 +272,14 @@ class AppendService:
             except StatusError as exc:
                 batch.in_flight = False
                 if exc.status in FATAL_STATUSES or (isinstance(exc, CommitUnknown)
-                                                    and not self.at_least_once):
+                                                    and not self.at_least_once
+                                                    and batch.txn is None):
+                    if batch.txn is not None and q.history is not None \
+                            and not isinstance(exc, CommitUnknown):
+                        q.history.unused(batch.txn)  # refused: nothing was written
                     self._finish(q, batch, error=exc)
                     continue
-                if isinstance(exc, CommitUnknown):
+                if isinstance(exc, CommitUnknown) and batch.txn is None:
                     self.commit_unknown_resends += 1  # at-least-once: it may land twice
                 q.failures += 1
                 if isinstance(exc, Unavailable) and self.spill is not None:
@@ -275,13 +303,20 @@ class AppendService:
         return min(self.max_backoff, BACKOFF[min(q.failures - 1, len(BACKOFF) - 1)])
 
     async def _send(self, journal: str, batch: _Batch) -> AppendResult:
+        if self.producer is not None and batch.txn is None:
+            q = self._journals[journal]
+            if q.history is None:
+                q.history = self.producer.history()
+            batch.txn = q.history.next()
         if batch.buf is not None:
             if isinstance(batch.buf, bytearray):
                 batch.buf = bytes(batch.buf)  # frozen: nothing joins an in-flight batch
-            return await self.client.append(journal, batch.buf, retry_timeout=self.attempt_timeout)
+            return await self.client.append(journal, batch.buf, retry_timeout=self.attempt_timeout,
+                                            txn=batch.txn)
         assert batch.path is not None
         with open(batch.path, "rb") as f:
-            return await self.client.append(journal, f, retry_timeout=self.attempt_timeout)
+            return await self.client.append(journal, f, retry_timeout=self.attempt_timeout,
+                                            txn=batch.txn)
 
     def _finish(self, q: _Journal, batch: _Batch, *, result: AppendResult | None = None,
                 error: BaseException | None = None) -> None:

@@ -19,6 +19,12 @@ journal, at most once). With an explicit `offset` it is retried at that offset, 
 cannot land twice; if the retry then fails for any reason (WRONG_APPEND_OFFSET: the
 head moved, by the first attempt or by another writer) it raises CommitUnknown too.
 Every other non-OK status becomes the StatusError subclass of that status.
+
+Exactly-once (`txn=TxnId(...)`, producer.py, docs/exactly-once.md): an identified
+append is re-sent after every indefinite failure (COMMIT_UNKNOWN, a lost answer, a
+timeout, a lost connection) until an authoritative answer or `retry_timeout`: the
+primary answers a transaction that already committed with its original commit and
+never writes it twice. Only when the deadline passes does it raise CommitUnknown.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from protocol.credentials import TokenFile, TokenSource
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
 
 from .body import AppendData, Body
+from .producer import TxnId
 from .connection import Connection, ConnectionPool
 from .reader import Reader
 from .results import AppendResult
@@ -76,10 +83,13 @@ class _Ambiguous(Exception):
 
 
 def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
-                    detail: object = None) -> CommitUnknown:
+                    detail: object = None, txn: TxnId | None = None) -> CommitUnknown:
     text = f"outcome unknown: {why}" + (f"; {then}" if then else "")
     text += "; the append may or may not have been committed"
-    text += "; it was not re-sent" if not offset else f"; re-sent only at offset {offset}"
+    if txn is not None:
+        text += f"; re-sent as txn {txn.txn} of history {txn.history} until the retry timeout"
+    else:
+        text += "; it was not re-sent" if not offset else f"; re-sent only at offset {offset}"
     return CommitUnknown(text, journal=journal, detail=detail)
 
 
@@ -128,14 +138,23 @@ class Client:
                      check_registers: LabelSelector | str | None = None,
                      union_registers: LabelSet | None = None,
                      subtract_registers: LabelSet | None = None,
-                     suspend: str = "resume", retry_timeout: float | None = None) -> AppendResult:
-        """Append `data` as one transaction; all of it commits, or none of it."""
+                     suspend: str = "resume", retry_timeout: float | None = None,
+                     txn: TxnId | None = None) -> AppendResult:
+        """Append `data` as one transaction; all of it commits, or none of it.
+
+        `txn`: an exactly-once identifier (producer.py): the append is re-sent until an
+        authoritative answer, and lands at most once (a re-send that finds it committed
+        returns the original commit)."""
         validate_journal_name(journal, "journal")
         if isinstance(check_registers, str):
             check_registers = parse_selector(check_registers)
         request = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
                                 union_registers=union_registers,
-                                subtract_registers=subtract_registers, suspend=suspend)
+                                subtract_registers=subtract_registers, suspend=suspend,
+                                **(txn.fields() if txn is not None else {}))
+        # Safe to re-send after an unknown outcome: an explicit offset cannot land
+        # twice, nor can an identified transaction (the primary deduplicates it).
+        resendable = offset != 0 or txn is not None
         body = Body(data)
         deadline = time.monotonic() + (self.retry_timeout if retry_timeout is None else retry_timeout)
         attempt = 0
@@ -150,14 +169,14 @@ class Client:
                 self.routes.mark_down(endpoint)
                 unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
                 # Re-sending at the same explicit offset cannot land twice.
-                if offset == 0 or not body.rewind() or time.monotonic() >= deadline:
-                    raise _commit_unknown(journal, offset, unknown) from exc.cause
+                if not resendable or not body.rewind() or time.monotonic() >= deadline:
+                    raise _commit_unknown(journal, offset, unknown, txn=txn) from exc.cause
             except Unavailable as exc:
                 self.routes.mark_down(endpoint)
                 if not body.rewind() or time.monotonic() >= deadline:
                     if unknown:
                         raise _commit_unknown(journal, offset, unknown,
-                                              f"a retry failed: {reason(exc)}") from exc
+                                              f"a retry failed: {reason(exc)}", txn=txn) from exc
                     raise Unavailable(reason(exc), journal=journal) from exc
             else:
                 status = response.status
@@ -173,12 +192,12 @@ class Client:
                     # answer, retried only at an explicit offset.
                     self.routes.invalidate(journal)
                     unknown = unknown or message
-                    if offset == 0 or not body.rewind() or time.monotonic() >= deadline:
-                        raise _commit_unknown(journal, offset, unknown, detail=response)
+                    if not resendable or not body.rewind() or time.monotonic() >= deadline:
+                        raise _commit_unknown(journal, offset, unknown, detail=response, txn=txn)
                 elif status not in ROUTING_STATUSES or not body.rewind() \
                         or time.monotonic() >= deadline:
                     self.routes.invalidate(journal)
-                    if unknown:
+                    if unknown and (txn is None or status in ROUTING_STATUSES):
                         # E.g. WRONG_APPEND_OFFSET: the head moved — maybe by our own
                         # earlier attempt, maybe by another writer.
                         raise _commit_unknown(journal, offset, unknown, f"a retry at offset {offset} "

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from quire.client import AppendService, Client, LineFramer
+from quire.client import AppendService, Client, LineFramer, Producer
 from quire.client.messages import FramingError, decode
 
 from .common import (
@@ -72,22 +72,28 @@ def _open_inputs(files: list[Path] | None) -> list[tuple[str, BinaryIO, int | No
     return out
 
 
-async def _append_streams(client: Client, journal: str, inputs, progress: Progress | None) -> list[dict]:
+async def _append_streams(client: Client, journal: str, inputs, progress: Progress | None,
+                          producer: Producer | None = None) -> list[dict]:
     results = []
+    history = producer.history() if producer is not None else None
     for name, f, size in inputs:
         body: Any = f
-        if progress is not None:
+        if history is not None and not f.seekable():
+            # An identified append is re-sent until it is answered: it must rewind.
+            body = await asyncio.to_thread(f.read)
+        elif progress is not None:
             body = _Counting(f, progress, progress.add_task(name, total=size))
         # Each input is one transaction, streamed: the whole file lands or none of it.
-        r = await client.append(journal, body)
+        r = await client.append(journal, body, txn=history.next() if history else None)
         results.append({"journal": journal, "input": name, "begin": r.begin, "end": r.end,
                         "bytes": r.end - r.begin})
     return results
 
 
-async def _append_lines(client: Client, journal: str, inputs) -> list[dict]:
+async def _append_lines(client: Client, journal: str, inputs,
+                        producer: Producer | None = None) -> list[dict]:
     messages, total, first, last = 0, 0, None, None
-    async with AppendService(client) as svc:
+    async with AppendService(client, exactly_once=producer is not None, producer=producer) as svc:
         futures = []
         for _, f, _ in inputs:
             tail = b""
@@ -119,18 +125,31 @@ def append(ctx: typer.Context,
            framing: Framing = typer.Option(Framing.none, "--framing",
                                            help="none: each input is one append; lines: each "
                                                 "line is a message, batched."),
+           producer_name: str = typer.Option(
+               None, "--producer", help="Exactly-once: identify every append as this producer "
+               "(a new generation per run, persisted under --state-dir); re-sent until answered, "
+               "landing once (docs/exactly-once.md)."),
+           state_dir: Path = typer.Option(None, "--state-dir",
+                                          help="Where producer generations are kept "
+                                               "(default: <data dir>/producers)."),
            output: Output = OutputOption) -> None:
     """Append files (or stdin) to a journal."""
+    producer = None
+    if producer_name:
+        try:
+            producer = Producer.start(producer_name, state_dir)
+        except (ValueError, OSError) as exc:
+            raise CliError(f"--producer: {exc}") from None
     inputs = _open_inputs(files)
     try:
         if framing is Framing.lines:
-            results = run(ctx, lambda c: _append_lines(c, journal, inputs))
+            results = run(ctx, lambda c: _append_lines(c, journal, inputs, producer))
         elif progress_enabled() and any(size for _, _, size in inputs):
             with Progress("{task.description}", BarColumn(), DownloadColumn(),
                           TransferSpeedColumn(), console=stderr, transient=True) as progress:
-                results = run(ctx, lambda c: _append_streams(c, journal, inputs, progress))
+                results = run(ctx, lambda c: _append_streams(c, journal, inputs, progress, producer))
         else:
-            results = run(ctx, lambda c: _append_streams(c, journal, inputs, None))
+            results = run(ctx, lambda c: _append_streams(c, journal, inputs, None, producer))
     finally:
         for _, f, _ in inputs:
             if f is not sys.stdin.buffer:
