@@ -39,8 +39,8 @@ from types import TracebackType
 
 import aetcd
 import msgspec
-from aetcd import rpc
 import structlog
+from aetcd import rpc
 
 from protocol import ProcessId
 
@@ -218,7 +218,7 @@ class Membership:
         for callback in list(self.on_standing):
             try:
                 callback(not doubt)
-            except Exception:
+            except Exception:  # a callback must not stop the watch
                 log.exception("on_standing callback failed", member=str(self._spec.id))
 
     async def maintain(self, fence: Callable[[str], Awaitable[None]]) -> None:
@@ -235,7 +235,7 @@ class Membership:
                     break
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - etcd unreachable: keep trying
                     log.warning("re-announcing failed; retrying", member=str(self._spec.id),
                                 error=repr(exc), delay=delay)
                     await asyncio.sleep(delay)  # backoff against an unavailable etcd
@@ -293,7 +293,7 @@ class Membership:
             except (TimeoutError, aetcd.exceptions.ClientError, EtcdError) as exc:
                 # etcd down or restarting: keep trying; etcd renews leases on recovery.
                 log.warning("lease refresh failed", member=str(self._spec.id), error=repr(exc))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - grpc errors surface as several types
                 log.warning("lease refresh failed", member=str(self._spec.id), error=repr(exc))
             await asyncio.sleep(max(0.0, sent + interval - time.monotonic()))
 
@@ -328,7 +328,7 @@ class Membership:
                         delay = 0.05
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - compacted, cancelled, etcd down: re-read
                 log.info("own member key watch ended; re-reading the key",
                          member=str(self._spec.id), error=repr(exc))
             try:
@@ -340,7 +340,7 @@ class Membership:
                 revision = result.revision  # watch again from the read's revision
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - etcd unreachable: back off and retry
                 log.warning("own member key re-read failed", member=str(self._spec.id),
                             error=repr(exc), delay=delay)
             if time.monotonic() - started > 5.0:
@@ -356,7 +356,7 @@ class Membership:
         try:
             async with asyncio.timeout(5.0):
                 await self._client.revoke_lease(self._lease_id)
-        except Exception as exc:
+        except Exception as exc:  # best effort: expiry removes it anyway
             if "not found" not in str(exc).lower():
                 log.warning("lease revoke failed", member=str(self._spec.id), error=repr(exc))
                 if strict:

@@ -38,7 +38,7 @@ BOUND = TTL + 5.0
 
 
 @pytest.fixture
-def cluster3(etcd, etcd_root):  # noqa: ANN001, ANN201
+def cluster3(etcd, etcd_root):
     c = Cluster(etcd.url, etcd_root, make_workdir())
     for i in range(3):
         c.add(f"zone-{i % 2}", f"cpf-{i}")
@@ -93,7 +93,7 @@ class Writer:
         return max(b - a for a, b in zip(times, times[1:], strict=False)) if len(times) > 1 else 0.0
 
 
-async def _route(endpoint: str):  # noqa: ANN202
+async def _route(endpoint: str):
     conn = await Conn.open(endpoint)
     try:
         listing = await conn.list()
@@ -102,13 +102,13 @@ async def _route(endpoint: str):  # noqa: ANN202
     return next(e.route for e in listing.journals if e.spec.name == J)
 
 
-async def _until(pred, timeout: float):  # noqa: ANN001, ANN202
+async def _until(pred, timeout: float):
     """Poll another process's observable state until `pred` (async) holds; bounded."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             value = await pred()
-        except (OSError, asyncio.TimeoutError, ConnectionError, StopIteration):
+        except (TimeoutError, OSError, ConnectionError, StopIteration):
             value = None
         if value or time.monotonic() > deadline:
             return value
@@ -116,7 +116,7 @@ async def _until(pred, timeout: float):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("fault", ["delete-member-key", "revoke-lease", "compact"])
-async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etcd, fault: str) -> None:  # noqa: ANN001
+async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etcd, fault: str) -> None:
     c = cluster3
     for n in c.nodes:
         await c.wait_listening(n)
@@ -148,7 +148,7 @@ async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etc
         first = await writer.acks_after(t0, BOUND + 5.0) - t0
         if fault != "compact":
             # The victim noticed, fenced, revoked its old lease and re-announced.
-            async def re_announced():  # noqa: ANN202
+            async def re_announced():
                 kv = await etcd_client.get(key)
                 return kv is not None and kv.lease != old_lease
             assert await _until(re_announced, BOUND), c.tail(next(
@@ -159,7 +159,7 @@ async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etc
         # The victim is back in a full, advertised route under its current lease.
         prefix = f"{c.root}/assign/{J}#".encode()
 
-        async def full_route():  # noqa: ANN202
+        async def full_route():
             kv = await etcd_client.get(key)
             got = list((await etcd_client.get_prefix(prefix)).kvs)
             mine = [kv_.lease for kv_ in got if f"#{victim.zone}#{victim.suffix}#".encode() in kv_.key]

@@ -15,11 +15,11 @@ import aetcd
 import pytest
 
 from protocol import ProcessId
+from tools.services import EtcdService
 from topology.etcd import assignment_key, connect, member_key
 from topology.keyspace import KeySpace
 from topology.membership import BrokerSpec, Membership, doubt_margin, own_key_verdict
 from topology.watch import WatchEnded, watch_events
-from tools.services import EtcdService
 
 from .conftest import wait_until
 
@@ -46,7 +46,7 @@ async def _until(event: asyncio.Event, timeout: float) -> float:
     return time.monotonic() - started
 
 
-async def _holds(predicate, timeout: float) -> None:  # noqa: ANN001
+async def _holds(predicate, timeout: float) -> None:
     """Bounded wait for an in-process condition set by another task of this loop."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -54,7 +54,7 @@ async def _holds(predicate, timeout: float) -> None:  # noqa: ANN001
         await asyncio.sleep(0.01)  # yield to the task that sets it
 
 
-async def _maintained(client: aetcd.Client, root: str, ttl: float = 3):  # noqa: ANN202
+async def _maintained(client: aetcd.Client, root: str, ttl: float = 3):
     """A Membership whose `maintain` runs, recording every fence call."""
     fenced: list[str] = []
     fence_done = asyncio.Event()
@@ -137,11 +137,11 @@ async def test_keyspace_relists_after_compaction(client: aetcd.Client, etcd_root
     watch ends with `compacted`, the mirror re-lists and keeps following."""
     key = f"{etcd_root}/journals/".encode()
     ks = KeySpace(client, etcd_root)
-    await ks._load()  # noqa: SLF001 - a mirror whose watch has not started yet
+    await ks._load()
     spec = b'{"name": "own/c", "replication": 1}'
     rev = (await client.put(key + b"own/c", spec)).header.revision
     await client.compact(rev)
-    ks._task = asyncio.create_task(ks._run())  # noqa: SLF001
+    ks._task = asyncio.create_task(ks._run())
     async with ks:
         await wait_until(ks, lambda: "own/c" in ks.journals, 10, "re-listed after compaction")
         rev = (await client.put(key + b"own/d", spec.replace(b"own/c", b"own/d"))).header.revision
@@ -167,7 +167,7 @@ async def test_paused_etcd_puts_the_member_in_doubt_before_its_lease_could_expir
     with EtcdService("etcd-own-pause") as etcd:
         c = await connect(etcd.url, timeout=2.0)
         try:
-            m, fenced, fence_done, fence = await _maintained(c, etcd_root, ttl=2)
+            m, _, _, fence = await _maintained(c, etcd_root, ttl=2)
             async with m:
                 keeper = asyncio.create_task(m.maintain(fence))
                 doubt = asyncio.Event()

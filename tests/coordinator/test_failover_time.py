@@ -1,0 +1,108 @@
+"""How long a primary kill stops appends, and where the time goes (issue #21).
+
+4 coordinators with lease TTL 5 s (the chaos harness's), an R=3 journal, a writer
+appending through `quire.client` all along. `kill -9` the primary, then time each
+phase from etcd and the writer:
+
+    kill → member key gone (lease expired in etcd) → new route advertised
+         → first acknowledgement of an append invoked after the kill
+
+and require the last within lease TTL + 2 s. Waits are bounded, on conditions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from protocol import ProcessId, Status
+from quire.client import Client
+from topology.etcd import connect, member_key
+
+from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .test_control_plane_faults import J, Writer
+
+pytestmark = pytest.mark.timeout(120)
+
+TTL = 5.0
+
+
+@pytest.fixture
+def cluster4(etcd, etcd_root):
+    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--lease-ttl", str(int(TTL))])
+    for i in range(4):  # a spare: the journal needs 3 live members after the kill
+        c.add(f"zone-{i % 2}", f"fo-{i}")
+    for node in c.nodes:
+        c.start(node)
+    try:
+        yield c
+    finally:
+        c.stop_all()
+        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
+            shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+async def _poll(pred, timeout: float, step: float = 0.02) -> float:
+    """Time at which `pred` (async) first held; bounded (another process's state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if await pred():
+                return time.monotonic()
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(step)
+
+
+async def test_appends_resume_within_ttl_plus_2s_after_a_primary_kill(cluster4: Cluster, etcd) -> None:
+    c = cluster4
+    for n in c.nodes:
+        await c.wait_listening(n)
+    conn = await Conn.open(c.nodes[0].endpoint)
+    assert (await conn.apply(spec(J, replication=3))).status == Status.OK
+    await conn.close()
+    assert (await wait_appendable(c.nodes[0].endpoint, J)).status == Status.OK
+    etcd_client = await connect(etcd.url)
+    client = Client([n.endpoint for n in c.nodes], retry_timeout=30.0)
+    writer = Writer(client)
+    task = asyncio.create_task(writer.run())
+    try:
+        await writer.acks_after(time.monotonic(), 10.0)
+        conn = await Conn.open(c.nodes[0].endpoint)
+        listing = await conn.list()
+        await conn.close()
+        route = next(e.route for e in listing.journals if e.spec.name == J)
+        victim: ProcessId = route.members[route.primary]
+        node = next(n for n in c.nodes if n.suffix == victim.suffix)
+        key = member_key(c.root, victim).encode()
+        prefix = f"{c.root}/assign/{J}#".encode()
+
+        async def key_gone() -> bool:
+            return await etcd_client.get(key) is None
+
+        async def new_route() -> bool:
+            kvs = list((await etcd_client.get_prefix(prefix)).kvs)
+            values = {kv.value for kv in kvs}
+            return (not any(f"#{victim.zone}#{victim.suffix}#".encode() in kv.key for kv in kvs)
+                    and len(values) == 1 and values != {b"{}"})
+
+        t0 = time.monotonic()
+        c.kill(node, signal.SIGKILL)
+        acked = asyncio.create_task(writer.acks_after(t0, TTL + 10))
+        t_expired = await _poll(key_gone, TTL + 5)
+        t_route = await _poll(new_route, TTL + 5)
+        t_ack = await acked
+        print(f"primary kill (lease TTL {TTL:.0f}s): member key gone after {t_expired - t0:.2f}s, "
+              f"new route advertised after {t_route - t0:.2f}s, first acknowledged append "
+              f"after {t_ack - t0:.2f}s")
+        assert t_ack - t0 <= TTL + 2.0, f"appends resumed after {t_ack - t0:.2f}s"
+    finally:
+        writer.stop.set()
+        await asyncio.wait_for(task, 40)
+        await client.close()
+        await etcd_client.close()
