@@ -2,6 +2,7 @@
 safety count is above zero.
 
     quire chaos --duration 300 --seed 7 --json chaos.json
+    quire chaos --campaign 20 --duration 300 --seed 1 --campaign-doc docs/reliability.md
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def command(
     kinds: str = typer.Option("", "--kinds", help="Comma-separated fault kinds (default: all)."),
     history: Path | None = typer.Option(None, "--history", help="JSONL history (default next to --json)."),
     log_level: str = typer.Option("WARNING", "--log-level"),
+    campaign: int = typer.Option(0, "--campaign", min=0,
+                                 help="Run this many seeds (--seed, --seed+1, ...) one after another and print a table."),
+    campaign_doc: Path | None = typer.Option(None, "--campaign-doc",
+                                             help="Write the campaign table between the campaign markers of this doc."),
+    campaign_dir: Path | None = typer.Option(None, "--campaign-dir",
+                                             help="Write each seed's summary and history here."),
 ) -> None:
     """Run a cluster under a seeded fault schedule while writers append; check the result."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
@@ -90,6 +97,9 @@ def command(
         except ValueError as exc:
             raise typer.BadParameter(f"{exc}; kinds are {', '.join(k.value for k in FaultKind)}")
     console = Console(width=150)
+    if campaign:
+        _campaign(cfg, campaign, campaign_doc, campaign_dir, console)
+        return
     try:
         report, meta = asyncio.run(run_chaos(cfg))
     except (ServiceError, RuntimeError, OSError) as exc:
@@ -99,6 +109,26 @@ def command(
     if json_out is not None:
         json_out.write_text(json.dumps({**report.to_json(), "run": meta}, indent=1, default=str))
     if not report.safe:
+        raise typer.Exit(1)
+
+
+def _campaign(cfg: ChaosConfig, n: int, doc: Path | None, out_dir: Path | None,
+              console: Console) -> None:
+    import time
+
+    from .campaign import describe, run_campaign, table, write_into
+
+    seeds = list(range(cfg.seed, cfg.seed + n))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t0 = time.monotonic()
+    rows = run_campaign(cfg, seeds, out_dir, progress=console.print)
+    block = describe(cfg, seeds, started, time.monotonic() - t0) + "\n\n" + table(rows)
+    console.print(block)
+    if doc is not None:
+        write_into(doc, block)
+    if not all(r["safe"] for r in rows):
         raise typer.Exit(1)
 
 

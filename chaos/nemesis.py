@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import structlog
 
 from tools.services import Service, ServiceError
+from topology.etcd import connect, members_prefix, range_op, txn
 
 from .cluster import CoordinatorService, LocalCluster
 from .history import FaultRecord, History
 from .proxy import Fault, FaultMode, FaultProxy
 from .schedule import FaultEvent, FaultKind
 
-__all__ = ["Nemesis", "Links"]
+__all__ = ["Links", "Nemesis"]
 
 log = structlog.get_logger("chaos.nemesis")
 
@@ -65,7 +66,7 @@ class Nemesis:
                 try:
                     await asyncio.wait_for(stop.wait(), wait)
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             if stop.is_set():
                 return
@@ -101,6 +102,16 @@ class Nemesis:
             else:
                 await self._restart(target)
             self.history.healed(rec)
+        elif kind in (FaultKind.DELETE_MEMBER_KEY, FaultKind.REVOKE_LEASE, FaultKind.ETCD_COMPACT):
+            await self._etcd_fault(ev, journal)
+        elif kind is FaultKind.PAUSE_ETCD:
+            etcd = self.cluster.etcd
+            assert etcd is not None
+            etcd.pause()
+            rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target="etcd"))
+            await asyncio.sleep(ev.duration)
+            etcd.resume()
+            self.history.healed(rec)
         elif kind is FaultKind.ETCD_RESTART:
             etcd = self.cluster.etcd
             assert etcd is not None
@@ -135,6 +146,44 @@ class Nemesis:
             await asyncio.sleep(ev.duration)
             proxy.heal()
             self.history.healed(rec)
+
+    async def _etcd_fault(self, ev: FaultEvent, journal: str) -> None:
+        """One etcd call by hand, as an operator (or a restore) would: delete the
+        primary's member key, revoke its lease, or compact to the current revision.
+        Nothing to heal: the cluster must repair itself; the fault is held for its
+        duration so the next one does not land on top of the reaction."""
+        etcd = self.cluster.etcd
+        assert etcd is not None and etcd.url
+        kind, target, note = ev.kind, "etcd", ""
+        client = await connect(etcd.url, timeout=5.0)
+        try:
+            if kind is FaultKind.ETCD_COMPACT:
+                revision = (await txn(client, [], [range_op(members_prefix(self.cluster.root))])).revision
+                await client.compact(revision)
+                note = f"compacted to revision {revision}"
+            else:
+                pid, _ = await self.routes(journal)
+                if pid is None:
+                    self.skipped.append(f"{kind.value}@{ev.at}: no primary for {journal}")
+                    return
+                key = members_prefix(self.cluster.root) + pid
+                kv = await client.get(key.encode())
+                if kv is None:
+                    self.skipped.append(f"{kind.value}@{ev.at}: no member key {key}")
+                    return
+                target = pid
+                if kind is FaultKind.DELETE_MEMBER_KEY:
+                    await client.delete(key.encode())
+                else:
+                    await client.revoke_lease(kv.lease)
+                    note = f"lease {kv.lease:x}"
+        finally:
+            await client.close()
+        rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target=target,
+                                             journal=journal if target != "etcd" else "",
+                                             note=note))
+        await asyncio.sleep(ev.duration)
+        self.history.healed(rec)
 
     async def _restart(self, svc: Service) -> None:
         """Start a killed service again (same port, same data), bounded."""

@@ -16,7 +16,15 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FaultKind", "FaultEvent", "ScheduleConfig", "build_schedule", "NET_MODES"]
+__all__ = [
+    "CONTROL_PLANE_KINDS",
+    "NET_MODES",
+    "FaultEvent",
+    "FaultKind",
+    "ScheduleConfig",
+    "build_schedule",
+    "faults_per_minute",
+]
 
 
 class FaultKind(str, enum.Enum):
@@ -34,6 +42,16 @@ class FaultKind(str, enum.Enum):
     """A TCP fault on the peer -> coordinator link (replication, proxying) of one."""
     KILL_WORKER = "kill-worker"
     """kill -9 the Celery worker (mid-upload, maybe); restart it afterwards."""
+    DELETE_MEMBER_KEY = "delete-member-key"
+    """Delete the primary's member key in etcd by hand (`etcdctl del`): it must notice,
+    fence, revoke its old lease and re-announce (topology/membership.py)."""
+    REVOKE_LEASE = "revoke-lease"
+    """Revoke the primary's member lease by hand: its key and assignments vanish at once."""
+    ETCD_COMPACT = "etcd-compact"
+    """Compact etcd to its current revision: every watch that restarts must re-list."""
+    PAUSE_ETCD = "pause-etcd"
+    """SIGSTOP etcd past the lease TTL, then SIGCONT: members must stop leading while
+    they cannot confirm their leases, and survive leases expiring on wake-up."""
 
 
 NET_MODES = ("blackhole", "delay", "reset", "one-way", "slice")
@@ -45,7 +63,18 @@ DEFAULT_KINDS = (
     FaultKind.ETCD_RESTART,
     FaultKind.NET_CLIENT,
     FaultKind.NET_PEER,
+    FaultKind.DELETE_MEMBER_KEY,
+    FaultKind.REVOKE_LEASE,
+    FaultKind.ETCD_COMPACT,
+    FaultKind.PAUSE_ETCD,
 )
+
+CONTROL_PLANE_KINDS = (FaultKind.DELETE_MEMBER_KEY, FaultKind.REVOKE_LEASE, FaultKind.ETCD_COMPACT,
+                       FaultKind.PAUSE_ETCD)
+
+INSTANT_KINDS = frozenset({FaultKind.DELETE_MEMBER_KEY, FaultKind.REVOKE_LEASE,
+                           FaultKind.ETCD_COMPACT})
+"""Faults that are one etcd call: held (no new fault) for 1-3 s while the cluster reacts."""
 
 
 @dataclass(frozen=True)
@@ -84,9 +113,9 @@ class ScheduleConfig:
     quiesce: float | None = None
     """Quiet tail; default 20% of the run, between 10 and 60 seconds."""
     fault_seconds: tuple[float, float] | None = None
-    """Length of a fault; default 4-15 s, or 3-8 s for runs under two minutes."""
+    """Length of a fault; default 4-10 s, or 3-8 s for runs under two minutes."""
     gap_seconds: tuple[float, float] | None = None
-    """Quiet time between faults; default 3-8 s, or 2-4 s for runs under two minutes."""
+    """Quiet time between faults; default 2-5 s, or 2-4 s for runs under two minutes."""
 
     @property
     def tail(self) -> float:
@@ -119,16 +148,20 @@ def build_schedule(cfg: ScheduleConfig) -> list[FaultEvent]:
     deck: list[FaultKind] = []
     t = cfg.warmup
     short = cfg.duration < 120
-    lo, hi = cfg.fault_seconds or ((3.0, 8.0) if short else (4.0, 15.0))
-    gap = cfg.gap_seconds or ((2.0, 4.0) if short else (3.0, 8.0))
+    # At least 3 faults a minute with the default kinds (issue #21).
+    lo, hi = cfg.fault_seconds or ((3.0, 8.0) if short else (4.0, 10.0))
+    gap = cfg.gap_seconds or ((2.0, 4.0) if short else (2.0, 5.0))
     while True:
         if not deck:
             deck = list(cfg.kinds)
             rng.shuffle(deck)
         kind = deck.pop()
-        if kind is FaultKind.PAUSE_PRIMARY:
-            # Past the lease TTL, so peers give up on it while it sleeps.
+        if kind in (FaultKind.PAUSE_PRIMARY, FaultKind.PAUSE_ETCD):
+            # Past the lease TTL, so peers give up on it while it sleeps (etcd: leases
+            # may expire as it wakes; members stop leading meanwhile).
             length = cfg.lease_ttl + rng.uniform(1.0, 4.0)
+        elif kind in INSTANT_KINDS:
+            length = rng.uniform(1.0, 3.0)
         else:
             length = rng.uniform(lo, hi)
         if t + length > end:
@@ -150,3 +183,8 @@ def summarize(events: list[FaultEvent]) -> dict[str, int]:
         key = ev.kind.value + (f":{ev.params['mode']}" if "mode" in ev.params else "")
         out[key] = out.get(key, 0) + 1
     return out
+
+
+def faults_per_minute(events: list[FaultEvent], duration: float) -> float:
+    """Faults injected per minute of the whole run (warm-up and quiet tail included)."""
+    return round(len(events) * 60.0 / duration, 2) if duration > 0 else 0.0

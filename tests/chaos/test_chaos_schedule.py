@@ -57,3 +57,17 @@ def test_kinds_can_be_restricted_and_summarized() -> None:
     with pytest.raises(ValueError):
         build_schedule(ScheduleConfig(duration=0))
     assert events[0].to_json()["kind"] == "net-peer"
+
+
+def test_default_schedule_has_three_faults_a_minute_and_control_plane_kinds() -> None:
+    from chaos.schedule import CONTROL_PLANE_KINDS, faults_per_minute
+
+    for duration in (60, 120, 300):
+        for seed in range(10):
+            events = build_schedule(ScheduleConfig(duration=duration, seed=seed))
+            assert faults_per_minute(events, duration) >= 3.0, (duration, seed)
+    events = build_schedule(ScheduleConfig(duration=300, seed=1))
+    assert set(CONTROL_PLANE_KINDS) <= {ev.kind for ev in events}
+    for ev in events:
+        if ev.kind is FaultKind.PAUSE_ETCD:
+            assert ev.duration > 5.0  # past the lease TTL
