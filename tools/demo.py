@@ -23,15 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from quire.client import AppendService, Client, Mapper, encode, read_messages
 from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+from tools.output import line_buffered, make_console, make_table
 from tools.services import ServiceError
 from tools.services.process import free_port
 
-console = Console()
+console = make_console()
 PARTITIONS = 4
 MESSAGES = 4000
 PERSIST_WAIT = 90.0
@@ -82,9 +80,8 @@ async def _scenario(endpoints: list[str], store: str) -> list[str]:
             if all(persisted.values()) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1.0)
-        table = Table(title="fragments (persisted ones are in the store)")
-        for col in ("journal", "begin", "end", "where", "path"):
-            table.add_column(col, overflow="fold")
+        table = make_table("fragments (persisted ones are in the store)",
+                           ("journal", "begin", "end", "where", "path"))
         from fragment_store.keys import fragment_key
 
         for journal, infos in fragments.items():
@@ -151,13 +148,12 @@ def _streaming_job(endpoints: list[str]) -> int:
 def main(data_dir: str | None = None) -> int:
     from tools.local_cluster import LocalCluster
 
+    line_buffered()  # `make run > log`: each line reaches the log as it is printed
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="quire-demo-"))
     started = time.monotonic()
     try:
         with LocalCluster(root, coordinators=2, port=free_port()) as cluster:
-            table = Table(title="local cluster")
-            for col in ("service", "pid", "address"):
-                table.add_column(col)
+            table = make_table("local cluster", ("service", "pid", "address"))
             for row in cluster.rows():
                 table.add_row(row["service"], str(row["pid"]), row["address"])
             console.print(table)

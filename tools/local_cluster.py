@@ -335,12 +335,11 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                    zones: int, port: int, output: str = "table", tls: bool = False,
                    auth: bool = False) -> int:
     """`quire up`: start, print what runs where, wait for Ctrl-C/SIGTERM, stop."""
-    from rich.console import Console
-    from rich.table import Table
-
     from protocol.config import default_data_dir
+    from tools.output import line_buffered, make_console, make_table
 
-    console = Console(stderr=True)
+    line_buffered()  # `quire up > up.log`: each line reaches the log as it is printed
+    console = make_console(stderr=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -360,14 +359,13 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                               "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
                   flush=True)
         else:
-            table = Table(title=f"quire is up ({time.monotonic() - started:.1f}s) — data in "
-                                f"{cluster.data_dir}")
-            for col in ("service", "pid", "address", "log"):
-                table.add_column(col, overflow="fold")
+            table = make_table(f"quire is up ({time.monotonic() - started:.1f}s) — data in "
+                               f"{cluster.data_dir}", ("service", "pid", "address", "log"))
             for row in cluster.rows():
                 table.add_row(row["service"], str(row["pid"]), row["address"], row["log"])
-            Console().print(table)
-            Console().print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
+            out = make_console()
+            out.print(table)
+            out.print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
                             f"{','.join(cluster.endpoints)}\n"
                             + "".join(f"tls: export {k}={v}\n" for k, v in cluster.tls_env().items()
                                       if k != "QUIRE_TLS_CLIENT_AUTH")

@@ -31,12 +31,11 @@ from typing import Any, TypeVar
 import msgspec
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Table
 
 from quire.client import Client
 from protocol import Status
 from protocol.errors import ProtocolError, QuireError, StatusError, ValidationError
+from tools.output import make_console, make_table
 
 T = TypeVar("T")
 
@@ -72,10 +71,9 @@ class Output(str, enum.Enum):
     yaml = "yaml"
 
 
-# Piped output is read by scripts and wide terminals alike: do not fold it at 80 columns.
-stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else
-                 int(os.environ.get("COLUMNS", "200")))
-stderr = Console(stderr=True, soft_wrap=True)
+# Piped output is read by scripts and grep: never fold it (tools/output.py).
+stdout = make_console()
+stderr = make_console(stderr=True)
 
 
 class CliError(Exception):
@@ -153,9 +151,7 @@ def emit_yaml(value: Any) -> None:
 
 
 def emit_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for col in columns:
-        table.add_column(col, overflow="fold")
+    table = make_table(title, columns, show_lines=False, header_style="bold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     stdout.print(table)
