@@ -14,6 +14,8 @@ Stopping drains first: every coordinator gets SIGTERM at once (each rolls the sp
 leads and waits, at most DRAIN_TIMEOUT, for the still-running workers to persist them),
 then the rest stops in reverse start order. A second run then reads everything and
 appends on where the first one stopped.
+
+`quire up` itself (printing, supervising restarts, signals) is tools/supervisor.py.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ class LocalCluster:
             self._start(EtcdService("etcd", client_port=self.ports["etcd_client"],
                                     peer_port=self.ports["etcd_peer"],
                                     workdir=self.data_dir / "etcd"))
-            self._start(RedisService("redis", port=self.ports["redis"],
+            self._start(RedisService("redis", port=self.ports["redis"], appendonly=True,
                                      workdir=self.data_dir / "redis"))
             self._start_coordinators()
             self._start_workers()
@@ -329,66 +331,3 @@ def _http_ok(url: str) -> bool:
 
     with urllib.request.urlopen(url, timeout=1.0) as resp:
         return resp.status < 500
-
-
-def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
-                   zones: int, port: int, output: str = "table", tls: bool = False,
-                   auth: bool = False) -> int:
-    """`quire up`: start, print what runs where, wait for Ctrl-C/SIGTERM, stop."""
-    from protocol.config import default_data_dir
-    from tools.output import line_buffered, make_console, make_table
-
-    line_buffered()  # `quire up > up.log`: each line reaches the log as it is printed
-    console = make_console(stderr=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    data = Path(data_dir) if data_dir else Path(__import__("os").environ.get(
-        "QUIRE_DATA_DIR") or default_data_dir())
-    cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port, tls=tls, auth=auth)
-    started = time.monotonic()
-    try:
-        cluster.start()
-        if output == "json":
-            print(json.dumps({"broker": ",".join(cluster.endpoints), "etcd": cluster.etcd_url,
-                              "redis": cluster.redis_url, "store": cluster.store,
-                              "dashboard": cluster.dashboard_url, "tls": cluster.tls_env(),
-                              "auth": ({"keys_file": cluster.keys_file, "token": cluster.admin_token}
-                                       if cluster.keys_file else {}),
-                              "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
-                  flush=True)
-        else:
-            table = make_table(f"quire is up ({time.monotonic() - started:.1f}s) — data in "
-                               f"{cluster.data_dir}", ("service", "pid", "address", "log"))
-            for row in cluster.rows():
-                table.add_row(row["service"], str(row["pid"]), row["address"], row["log"])
-            out = make_console()
-            out.print(table)
-            out.print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
-                            f"{','.join(cluster.endpoints)}\n"
-                            + "".join(f"tls: export {k}={v}\n" for k, v in cluster.tls_env().items()
-                                      if k != "QUIRE_TLS_CLIENT_AUTH")
-                            + (f"auth: export QUIRE_TOKEN={cluster.admin_token}\n"
-                               f"auth: export QUIRE_AUTH_KEYS_FILE={cluster.keys_file}  "
-                               f"# to mint more: quire auth token …\n" if cluster.keys_file else "")
-                            + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
-                            + "Ctrl-C stops everything.", highlight=False)
-        for note in cluster.notes:
-            console.print(f"note: {note}", highlight=False)
-        while not stop.wait(0.5):
-            dead = cluster.dead()
-            if dead:
-                console.print(f"error: {', '.join(s.name for s in dead)} exited; stopping "
-                              f"(see {dead[0].log_path})", highlight=False)
-                return 6
-        return 0
-    except ServiceError as exc:
-        console.print(f"error: {' '.join(str(exc).split()[:60])}", highlight=False)
-        return 6
-    finally:
-        console.print("stopping…", highlight=False)
-        try:
-            cluster.stop()
-        except ServiceError as exc:
-            console.print(f"error while stopping: {exc}", highlight=False)

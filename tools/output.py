@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["PIPED_WIDTH", "is_tty", "make_console", "make_table", "line_buffered"]
+__all__ = ["PIPED_WIDTH", "is_tty", "line_buffered", "make_console", "make_table"]
 
 PIPED_WIDTH = 100_000
 """Console width when not a terminal: wider than any line we print, so nothing folds

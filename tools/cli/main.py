@@ -111,13 +111,17 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
                                 "and certificate made under <data-dir>/tls/."),
        auth: bool = typer.Option(False, "--auth", help="Coordinators check capability tokens; "
                                  "a key is made under <data-dir>/auth/ and an operator token "
-                                 "printed.")) -> None:
-    """Run a whole local cluster in the foreground until Ctrl-C or SIGTERM."""
-    from tools.local_cluster import run_foreground
+                                 "printed."),
+       no_restart: bool = typer.Option(False, "--no-restart", help="Leave a member that exits "
+                                       "down (default: report it and restart it after a "
+                                       "backoff; a crash-looping one is given up on).")) -> None:
+    """Run a whole local cluster in the foreground until Ctrl-C or SIGTERM, restarting
+    members that exit."""
+    from tools.supervisor import run_foreground
 
     raise typer.Exit(run_foreground(coordinators=coordinators, store=store, data_dir=data_dir,
                                     flower=flower, zones=zones, port=port, output=output, tls=tls,
-                                    auth=auth))
+                                    auth=auth, restart=not no_restart))
 
 
 @app.command("demo")

@@ -194,6 +194,12 @@ class Service:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def returncode(self) -> int | None:
+        """How the last run ended (negative: killed by that signal); None while it runs
+        or before it was ever started."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -13,8 +13,10 @@ __all__ = ["RedisService"]
 
 
 class RedisService(Service):
-    """`redis-server` without persistence: tests and `quire up` treat Redis as
-    a cache and a queue, never as the source of truth (etcd and the store are)."""
+    """`redis-server` on loopback. Redis is a cache and a queue, never the source of
+    truth (etcd and the store are), so tests run it without persistence; `quire up`
+    asks for `appendonly` (AOF in the workdir, fsync every second) so that a Redis it
+    restarts after a crash comes back with the Celery tasks still queued."""
 
     ready_timeout = 15.0
 
@@ -25,10 +27,12 @@ class RedisService(Service):
         port: int | None = None,
         databases: int = 16,
         binary: str = "redis-server",
+        appendonly: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
         self.port = port or free_port()
+        self.appendonly = appendonly
         self.databases = databases
         self.binary = binary
 
@@ -57,7 +61,8 @@ class RedisService(Service):
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
             "--dir", str(self.workdir),
             "--databases", str(self.databases),
             # Foreground, logging to stdout (our log file).
