@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
@@ -10,12 +14,14 @@ from protocol.shard import ShardSource, ShardSpec
 from quire.client import Client
 from topology.shards import ShardChange, apply_shards, list_statuses, read_primaries, request_checkpoint
 
+from tools.services import free_port
+
 from .conftest import create_journals, journal, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_one_shard_counts(coordinators, member_factory, etcd_client, etcd_root) -> None:  # noqa: ANN001
+async def test_one_shard_counts(coordinators, member_factory, etcd, etcd_client, etcd_root) -> None:  # noqa: ANN001
     env = coordinators
     await create_journals(env, [journal("src/one", env.store_url), journal("out/counts", env.store_url),
                                 journal("recovery/counts/c-one", env.store_url)])
@@ -27,7 +33,8 @@ async def test_one_shard_counts(coordinators, member_factory, etcd_client, etcd_
     async with Client(env.endpoints) as client:
         lines = b"".join(json.dumps({"key": f"k{i % 5}", "v": i}).encode() + b"\n" for i in range(100))
         await client.append("src/one", lines)
-        m = member_factory("zone-a", "mem-1")
+        port = free_port()
+        m = member_factory("zone-a", "mem-1", metrics_port=port)
         await m.ready()
 
         async def primary() -> bool:
@@ -41,6 +48,25 @@ async def test_one_shard_counts(coordinators, member_factory, etcd_client, etcd_
                        s.sources[0].offset == len(lines) for s in st)
 
         await wait_for(read_through, 20, "offsets to reach the write head")
+        # `quire shards list` shows the state, the primary and read-through offsets + lag.
+        env_vars = {**os.environ, "QUIRE_ETCD_URL": etcd.url,
+                    "QUIRE_ETCD_ROOT": etcd_root, "COLUMNS": "250"}
+        listed = subprocess.run([sys.executable, "-m", "tools.cli.main", "shards", "list", "-o", "json"],
+                                capture_output=True, text=True, env=env_vars, timeout=60)
+        row = json.loads(listed.stdout.splitlines()[0])
+        assert row["state"] == "PRIMARY" and row["primary"] == m.id, row
+        assert row["sources"] == [{"journal": "src/one", "offset": len(lines),
+                                   "write_head": len(lines), "lag": 0}], row
+        assert row["transactions"] >= 1
+        table = subprocess.run([sys.executable, "-m", "tools.cli.main", "shards", "list"],
+                               capture_output=True, text=True, env=env_vars, timeout=60).stdout
+        assert "PRIMARY" in table and f"src/one@{len(lines)} (lag 0 B)" in table, table
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'quire_shard_transactions_total{shard="c-one"}' in metrics
+        assert 'quire_shard_messages_total{shard="c-one"} 100.0' in metrics
+        assert 'quire_shard_lag_bytes{journal="src/one",shard="c-one"} 0.0' in metrics
+        assert "quire_shard_transaction_seconds_bucket" in metrics
+        assert "quire_shard_recovery_replay_bytes_total" in metrics
         await request_checkpoint(etcd_client, etcd_root, "c-one")
         assert m.terminate() == 0, m.log_text()[-3000:]
         assert "c-one" not in await read_primaries(etcd_client, etcd_root)
@@ -50,3 +76,4 @@ async def test_one_shard_counts(coordinators, member_factory, etcd_client, etcd_
                 row = json.loads(line)
                 totals[row["key"]] = row["count"]
         assert totals == {f"k{i}": 20 for i in range(5)}
+
