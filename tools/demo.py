@@ -9,7 +9,9 @@
    them with their store paths;
 6. when `spark/jobs` exists, run the example batch job over the store (no brokers);
 7. run the continuous minute-counts job (Structured Streaming: journals in, a journal
-   out) until it has counted everything, showing its micro-batches.
+   out) until it has counted everything, showing its micro-batches;
+8. run the consumer count example (a stateful shard over the topic, totals to a journal:
+   tools/demo_consumer.py) and show its totals.
 """
 
 from __future__ import annotations
@@ -164,6 +166,11 @@ def main(data_dir: str | None = None) -> int:
             # index manifest keeps being refreshed by the workers.
             code = _spark_job(root, cluster.store)
             code = _streaming_job(cluster.endpoints) or code
+            from tools.demo_consumer import consumer_step
+            from tools.local_cluster import ROOT
+
+            code = consumer_step(cluster.endpoints, cluster.etcd_url, ROOT, cluster.store, MESSAGES,
+                                 root / "consumer") or code
             console.print("stopping the cluster")
     except (ServiceError, RuntimeError, OSError) as exc:
         console.print(f"[red]demo failed:[/] {' '.join(str(exc).split()[:80])}")
