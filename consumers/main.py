@@ -11,6 +11,7 @@ shards without writing anything), 7 for an invalid APP or flag.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import signal
 import sys
@@ -51,6 +52,8 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
         log_format: str = typer.Option("auto", "--log-format")) -> None:
     """Register a member, take shards the allocator places here, and process them."""
     configure_logging(log_format, log_level, stream=sys.stderr)
+    # `kill -USR1 <pid>` dumps every thread's stack: the cheapest hang diagnosis there is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     me = ProcessId(zone, member_id)
     me.validate("member")
     from .app import load_app

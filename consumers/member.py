@@ -36,7 +36,7 @@ from topology.shards import (
 from .app import App
 from .mirror import Mirror
 from .plan import Action, placement, plan_member
-from .runner import ShardRunner
+from .runner import ShardRunner, cancel_all
 
 __all__ = ["EXIT_LEASE_LOST", "ConsumerMember"]
 
@@ -44,6 +44,7 @@ log = get_logger(__name__)
 
 EXIT_LEASE_LOST = 3
 RETRY_AFTER_FAILURE = 2.0
+STOP_TIMEOUT = 60.0
 
 
 @dataclass
@@ -232,6 +233,10 @@ class ConsumerMember:
         running.stop.set()
         error = ""
         try:
+            # A release commits what is open (one log append): bounded, then cancelled.
+            await asyncio.wait({running.task}, timeout=STOP_TIMEOUT)
+            if not running.task.done():
+                await cancel_all([running.task])
             await running.task
         except asyncio.CancelledError:
             error = "cancelled"

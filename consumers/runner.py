@@ -47,6 +47,27 @@ log = get_logger(__name__)
 _Chunk = tuple[str, int, bytes]
 
 
+async def cancel_all(tasks: list[asyncio.Future], timeout: float = 10.0) -> None:  # type: ignore[type-arg]
+    """Cancel and reap tasks, cancelling again while any survives (bounded).
+
+    Python 3.11's asyncio.wait_for can swallow a cancellation that races with the
+    awaited read completing; a blocked source reader would then keep following its
+    journal and a plain gather() would wait forever, wedging the shard's release."""
+    deadline = time.monotonic() + timeout
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.2)
+        if pending and time.monotonic() > deadline:
+            log.error("tasks survived cancellation; abandoning them",
+                      tasks=[getattr(t, "get_name", lambda: "?")() for t in pending])
+            return
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: no "exception was never retrieved" noise
+
+
 @dataclass
 class ShardRunner:
     client: Client
@@ -205,9 +226,7 @@ class ShardRunner:
             if policy.opened is not None or store.pending:
                 await self._commit(shard, store, writer, policy)
         finally:
-            for task in (*readers, stopping, noticed):
-                task.cancel()
-            await asyncio.gather(*readers, stopping, noticed, return_exceptions=True)
+            await cancel_all([*readers, stopping, noticed])
 
     async def _commit(self, shard: Shard, store: Store, writer: LogWriter,
                       policy: CommitPolicy) -> None:
@@ -271,9 +290,7 @@ class ShardRunner:
                     nxt = asyncio.ensure_future(it.__anext__())
                     done, _ = await asyncio.wait({nxt, stopping}, return_when=asyncio.FIRST_COMPLETED)
                     if nxt not in done:
-                        nxt.cancel()
-                        with contextlib.suppress(BaseException):
-                            await nxt
+                        await cancel_all([nxt])
                         break
                     at, data = nxt.result()
                     for record, record_end in records.feed(at, data):
