@@ -45,6 +45,8 @@ __all__ = ["ShardRunner"]
 log = get_logger(__name__)
 
 _Chunk = tuple[str, int, bytes]
+STALL = 3.0
+"""Seconds without a byte from a source before its write head is checked."""
 
 
 async def cancel_all(tasks: list[asyncio.Future], timeout: float = 10.0) -> None:  # type: ignore[type-arg]
@@ -87,6 +89,8 @@ class ShardRunner:
     transactions: int = 0
     store: Store | None = None
     _snapshotting: asyncio.Task[None] | None = None
+    _next: dict[str, int] = field(default_factory=dict)
+    _progress: dict[str, int] = field(default_factory=dict)
     _last_snapshot: float = 0.0
 
     @property
@@ -157,10 +161,38 @@ class ShardRunner:
         return out
 
     async def _read(self, journal: str, offset: int, queue: asyncio.Queue[_Chunk]) -> None:
+        """Follow a source from `offset`, re-issuing a blocked read that missed new content
+        (the write head moved past us while no byte came for STALL seconds)."""
+        while True:
+            follow = asyncio.create_task(self._follow(journal, offset, queue))
+            while not follow.done():
+                seen = self._progress.get(journal, 0)
+                done, _ = await asyncio.wait({follow}, timeout=STALL)
+                if done or self._progress.get(journal, 0) != seen or queue.full():
+                    continue  # moving, or waiting on the handler (back-pressure)
+                at = self._next.get(journal, offset)
+                try:
+                    head = await self.client.write_head(journal)
+                except StatusError:
+                    continue
+                if head > at and self._progress.get(journal, 0) == seen:
+                    log.warning("source read stalled behind the write head; re-issuing",
+                                shard=self.spec.id, journal=journal, offset=at, write_head=head)
+                    await cancel_all([follow])
+                    offset = at
+                    break
+            else:
+                follow.result()
+                return
+
+    async def _follow(self, journal: str, offset: int, queue: asyncio.Queue[_Chunk]) -> None:
         async with self.client.read(journal, offset, block=True, follow=True) as reader:
             async for at, data in reader:
                 self.heads[journal] = max(reader.write_head, at + len(data))
                 await queue.put((journal, at, data))
+                # Only after the chunk is queued: a re-issued read resumes right after it.
+                self._next[journal] = at + len(data)
+                self._progress[journal] = self._progress.get(journal, 0) + 1
 
     async def _serve(self, store: Store, writer: LogWriter, stop: asyncio.Event) -> None:
         shard_id, app = self.spec.id, self.app

@@ -145,6 +145,23 @@ async def caught_up(client: Client, etcd_client, root: str, shards: int) -> bool
     return True
 
 
+async def diagnosed(waiting, members, etcd_client, root: str):  # noqa: ANN001, ANN201
+    """On a timeout, dump the members' stacks (SIGUSR1 -> faulthandler, into their logs)
+    and add every shard's lock and status reports to the error."""
+    from topology.shards import list_statuses
+
+    try:
+        return await waiting
+    except AssertionError as exc:
+        for m in members:
+            m.signal(signal.SIGUSR1)
+        statuses = await list_statuses(etcd_client, root)
+        locks = await read_primaries(etcd_client, root)
+        detail = {s: [(r.member, r.state.value, [(x.offset, x.write_head) for x in r.sources])
+                      for r in st] for s, st in sorted(statuses.items())}
+        raise AssertionError(f"{exc}\nlocks {locks}\nstatuses {detail}") from None
+
+
 async def test_kill9_moves_shards_and_counts_match_model(coordinators, member_factory, etcd_client,  # noqa: ANN001
                                                          etcd_root) -> None:
     env = coordinators
@@ -163,8 +180,8 @@ async def test_kill9_moves_shards_and_counts_match_model(coordinators, member_fa
             await wait_for(all_led, 30, "every shard to have a primary")
             first = MESSAGES * 2 // 5
             await write(client, 0, first, SHARDS)
-            await wait_for(lambda: caught_up(client, etcd_client, etcd_root, SHARDS), 60,
-                           "shards to read the first part")
+            await diagnosed(wait_for(lambda: caught_up(client, etcd_client, etcd_root, SHARDS), 60,
+                                     "shards to read the first part"), members, etcd_client, etcd_root)
             locks = await read_primaries(etcd_client, etcd_root)
             counts = collections.Counter(holder for holder, _ in locks.values())
             victim = next(m for m in members if m.id == counts.most_common(1)[0][0])
