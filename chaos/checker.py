@@ -11,11 +11,13 @@ Inputs, per journal:
 Safety counts (each must be 0; Jepsen's Kafka checker names in brackets):
   lost                 an ok append whose record is not at exactly its acked offsets in
                        the final read [lost-write, inconsistent-offsets]
-  duplicates           a record that appears more than once [duplicate]: writers send
-                       each record's commit at most once (the client never re-sends after
-                       its commit was sent), so a second copy is an anomaly whatever the
-                       append's outcome; an indefinite append's record may appear 0 or 1
-                       times (indefinite_visible / indefinite_absent)
+  duplicates           a record that appears more than once [duplicate], counted
+                       explicitly (one per extra copy): plain writers send each record's
+                       commit at most once, and identified writers (exactly-once, the
+                       default) re-send it after an unknown outcome under the same txn id,
+                       which the primary must deduplicate — so a second copy is an anomaly
+                       whatever the append's outcome; an indefinite append's record may
+                       appear 0 or 1 times (indefinite_visible / indefinite_absent)
   written_twice        two ok appends whose acked ranges overlap
   uncommitted_visible  bytes in the final read no append committed: records of definite
                        failures, unknown records, bytes that are no record, and bytes a tail

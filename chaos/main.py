@@ -62,6 +62,9 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
     if meta.get("skipped_faults"):
         console.print(f"[yellow]faults skipped: {len(meta['skipped_faults'])}[/] "
                       f"({meta['skipped_faults'][0]})")
+    writers = "identified (exactly-once)" if meta.get("identified_writers") else "plain"
+    console.print(f"duplicates: {report.counts['duplicates']}  (writers: {writers}; re-sent "
+                  f"after an unknown outcome: {meta.get('identified_resent', 0)})")
     console.print(("[green]SAFE[/]" if report.safe else "[red]UNSAFE[/]") + f" seed={meta['config']['seed']}")
 
 
@@ -83,12 +86,16 @@ def command(
                                              help="Write the campaign table between the campaign markers of this doc."),
     campaign_dir: Path | None = typer.Option(None, "--campaign-dir",
                                              help="Write each seed's summary and history here."),
+    identified: bool = typer.Option(True, "--identified/--plain",
+                                    help="Exactly-once writers: every append carries a txn id and "
+                                         "is re-sent until answered (docs/exactly-once.md)."),
 ) -> None:
     """Run a cluster under a seeded fault schedule while writers append; check the result."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
     cfg = ChaosConfig(duration=duration, seed=seed, coordinators=coordinators,
                       zones=("zone-a", "zone-b", "zone-c")[:max(2, min(3, coordinators - 1))],
                       journals=journals, writers=writers, rate=rate, lease_ttl=lease_ttl,
+                      identified=identified,
                       history_path=str(history) if history else default_history_path(
                           str(json_out) if json_out else None))
     if kinds:

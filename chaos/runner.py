@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from quire.client import Client
+from quire.client import Client, Producer
 from quire.client.routes import RouteCache
 from protocol import Codec, FragmentSpec, Header, JournalSpec, StatusError
 from protocol.errors import CommitUnknown, Unavailable
@@ -64,6 +64,10 @@ class ChaosConfig:
     append_timeout: float = 20.0
     history_path: str | None = None
     workdir: str | None = None
+    identified: bool = True
+    """Exactly-once writers (docs/exactly-once.md): every append carries a transaction
+    id (a producer per writer, a history per journal) and is re-sent after an unknown
+    outcome until answered; the checker's `duplicates` must still be 0."""
 
 
 class _ProxiedRoutes(RouteCache):
@@ -129,6 +133,8 @@ class _Run:
     store_url: str = ""
     store_options: dict[str, Any] = field(default_factory=dict)
     advertise: bool = False
+    resent: int = 0
+    """Identified appends re-sent after an unknown outcome (the broker dedups them)."""
 
 
 async def _writer(i: int, client: Client, run: _Run, stop: asyncio.Event) -> None:
@@ -137,6 +143,9 @@ async def _writer(i: int, client: Client, run: _Run, stop: asyncio.Event) -> Non
     interval = cfg.writers / cfg.rate
     next_t = time.monotonic()
     seq = 0
+    producer = Producer.start(f"chaos-w{i}", run.cluster.workdir / "producers") \
+        if cfg.identified else None
+    txns: dict[str, Any] = {}  # journal -> its History (one per journal stream)
     while not stop.is_set():
         seq += 1
         # Writer i owns journals i, i+W, ...: a journal that is down stalls only its
@@ -147,16 +156,32 @@ async def _writer(i: int, client: Client, run: _Run, stop: asyncio.Event) -> Non
         op = history.invoke(uid, i, seq, journal, len(data))
         attempts: list[str] = []
         _attempts.set(attempts)
-        try:
-            res = await asyncio.wait_for(client.append(journal, data, retry_timeout=10.0),
-                                         cfg.append_timeout)
-        except asyncio.TimeoutError:
-            history.complete(op, "info", error="timeout", attempts=attempts)
-        except Exception as exc:  # noqa: BLE001 - every outcome is recorded
-            history.complete(op, classify(exc), error=f"{type(exc).__name__}: {exc}"[:300],
-                             attempts=attempts)
-        else:
-            history.complete(op, "ok", begin=res.begin, end=res.end, attempts=attempts)
+        txn = None
+        if producer is not None:
+            txn = (txns.get(journal) or txns.setdefault(journal, producer.history())).next()
+        unknown = False  # an attempt of this txn may have landed
+        while True:
+            try:
+                res = await asyncio.wait_for(client.append(journal, data, retry_timeout=10.0,
+                                                           txn=txn), cfg.append_timeout)
+            except Exception as exc:  # noqa: BLE001 - every outcome is recorded
+                outcome = "info" if isinstance(exc, asyncio.TimeoutError) else classify(exc)
+                refused = isinstance(exc, StatusError) and 20 <= exc.status < 30
+                if txn is not None and not refused and (outcome == "info" or unknown) \
+                        and (not stop.is_set() or not unknown):
+                    # Identified: re-send the same txn until an authoritative answer (a
+                    # definite failure after an unknown one says nothing of the first).
+                    unknown = True
+                    run.resent += 1
+                    continue
+                if (outcome == "fail" or refused) and txn is not None and not unknown:
+                    txns[journal].unused(txn)  # not written: the next append reuses it
+                history.complete(op, "info" if unknown and not refused else
+                                 "fail" if refused else outcome,
+                                 error=f"{type(exc).__name__}: {exc}"[:300], attempts=attempts)
+            else:
+                history.complete(op, "ok", begin=res.begin, end=res.end, attempts=attempts)
+            break
         next_t += interval
         now = time.monotonic()
         if next_t < now - 1.0:
@@ -345,6 +370,8 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         meta["reader_error_examples"] = tail_errors[:5]
         await nemesis.heal_all()
         meta["wall_seconds"] = round(time.monotonic() - started, 1)
+        meta["identified_writers"] = cfg.identified
+        meta["identified_resent"] = run.resent
         meta["skipped_faults"] = nemesis.skipped
         meta["proxy_stats"] = {p.name: asdict(p.stats) for p in run.links.all()}
         meta["routed_after_heal"] = await _wait_routed(admin, run, 60.0)

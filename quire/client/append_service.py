@@ -73,7 +73,7 @@ class ServiceClosed(QuireError):
 
 
 class _Batch:
-    __slots__ = ("seq", "buf", "path", "size", "waiters", "in_flight", "done", "txn")
+    __slots__ = ("seq", "buf", "path", "size", "waiters", "in_flight", "done", "txn", "unknown")
 
     def __init__(self, seq: int, loop: asyncio.AbstractEventLoop) -> None:
         self.seq = seq
@@ -85,6 +85,8 @@ class _Batch:
         self.done: asyncio.Future[None] = loop.create_future()
         self.txn: TxnId | None = None
         """exactly_once: this batch's identifier, fixed at its first send."""
+        self.unknown = False
+        """An attempt's outcome was unknown: it may have landed (never reuse its txn)."""
 
 
 class _Journal:
@@ -275,12 +277,14 @@ class AppendService:
                                                     and not self.at_least_once
                                                     and batch.txn is None):
                     if batch.txn is not None and q.history is not None \
-                            and not isinstance(exc, CommitUnknown):
+                            and not isinstance(exc, CommitUnknown) and not batch.unknown:
                         q.history.unused(batch.txn)  # refused: nothing was written
                     self._finish(q, batch, error=exc)
                     continue
-                if isinstance(exc, CommitUnknown) and batch.txn is None:
-                    self.commit_unknown_resends += 1  # at-least-once: it may land twice
+                if isinstance(exc, CommitUnknown):
+                    batch.unknown = True
+                    if batch.txn is None:
+                        self.commit_unknown_resends += 1  # at-least-once: it may land twice
                 q.failures += 1
                 if isinstance(exc, Unavailable) and self.spill is not None:
                     q.spilling = True

@@ -33,3 +33,6 @@ def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert summary["appends"]["acknowledged"] > 0
     assert sum(summary["faults"].values()) > 0
+    # Identified (exactly-once) writers by default, and duplicates counted explicitly.
+    assert summary["run"]["identified_writers"] is True
+    assert "duplicates: 0  (writers: identified" in proc.stdout, proc.stdout[-3000:]
