@@ -95,6 +95,12 @@ class ProducerTable:
 
     def check(self, producer: str, generation: int, history: int, txn: int,
               close_history: bool = False) -> Verdict:
+        m = self._hists.get((producer, generation, history))
+        if m is not None and txn == m.txn + 1 and not m.closed and not close_history:
+            # The common case, first: the next txn of a known history. Its fields were
+            # valid when the history was recorded, and a recorded history's generation
+            # is its producer's newest (a newer one would have dropped it).
+            return NEW
         try:
             validate_identity(producer, generation, history, txn, close_history)
         except ValidationError as exc:
@@ -104,7 +110,6 @@ class ProducerTable:
             return Verdict(Status.PRODUCER_GENERATION_RETIRED,
                            f"producer {producer!r} generation {generation} is retired: "
                            f"generation {g[0]} has started")
-        m = self._hists.get((producer, generation, history))
         if m is None:
             return NEW
         if txn == m.txn:
