@@ -6,6 +6,9 @@ Starts etcd and three coordinators (`python -m coordinator.main`), creates one j
 at replication 3 (codec none), and measures, against its primary:
   * 64 KiB appends, 16 connections each appending back to back  -> MB/s
   * 1 KiB appends, 64 connections each with one append in flight -> appends/s
+  * the same, exactly-once identified (producer/generation/history/txn) vs plain, in
+    alternating rounds on the same connections -> `ratio_identified_vs_plain_r3_1k_c64`
+    (the cost of identification; goal >= 0.9)
 Every process shares this machine's cores with the client. Rates on a shared 2-vCPU
 box swing with the load, so each phase also reports the CPU time every process spent
 per append (user + sys from /proc, µs): a figure that barely depends on the load.
@@ -92,12 +95,37 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
                 "appends_s": round(n / t), "mb_s": round(n * size / t / 1e6, 1),
                 "cpu_us_per_append": cpu, "load_avg_1m": os.getloadavg()[0]}
 
+    async def identified(rounds: int = 5) -> dict:
+        """Plain and identified 1 KiB x 64 in alternating rounds (the load on a shared
+        box drifts; alternating spreads the drift over both)."""
+        streams = [await hello(primary) for _ in range(64)]
+        data = os.urandom(1024)
+        counts, times = {"plain": 0, "identified": 0}, {"plain": 0.0, "identified": 0.0}
+        for r in range(rounds * 2):
+            kind = ("plain", "identified")[r % 2]
+            n, t = await drive(streams, JOURNAL, data, args.seconds / rounds,
+                               producer="bench" if kind == "identified" else "", close=False)
+            counts[kind] += n
+            times[kind] += t
+        for s in streams:
+            await s.close()
+        rate = {k: counts[k] / times[k] for k in counts}
+        return {"append_bytes": 1024, "connections": 64, "rounds": rounds,
+                "plain_appends_s": round(rate["plain"]),
+                "identified_appends_s": round(rate["identified"]),
+                "ratio_identified_vs_plain_r3_1k_c64": round(rate["identified"] / rate["plain"], 3),
+                "load_avg_1m": os.getloadavg()[0]}
+
     await _load(primary, 64 << 10, 16, 1.0)  # warm up
     out: dict = {"benchmark": "append_r3"}
     if args.only in (None, "large"):
         out["large"] = await phase(64 << 10, 16)
     if args.only in (None, "small"):
         out["small"] = await phase(1024, 64)
+    if args.only in (None, "identified"):
+        out["identified"] = await identified()
+        out["ratio_identified_vs_plain_r3_1k_c64"] = out["identified"][
+            "ratio_identified_vs_plain_r3_1k_c64"]
     return out
 
 
@@ -111,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.append")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--only", choices=("large", "small"), help="run one phase only")
+    ap.add_argument("--only", choices=("large", "small", "identified"), help="run one phase only")
     ap.add_argument("--uvloop-client", action="store_true",
                     help="run the client on uvloop too (the coordinators always are)")
     args = ap.parse_args(argv)
@@ -142,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         r = result["small"]
         print(f"1 KiB appends, R=3, 64 in flight:    {r['appends_s']} appends/s   "
               f"(CPU µs/append {r['cpu_us_per_append']}, load {r['load_avg_1m']:.1f})")
+    if "identified" in result:
+        r = result["identified"]
+        print(f"1 KiB appends, R=3, 64 in flight, identified vs plain: "
+              f"{r['identified_appends_s']} vs {r['plain_appends_s']} appends/s = "
+              f"{r['ratio_identified_vs_plain_r3_1k_c64']}x   (load {r['load_avg_1m']:.1f})")
     write_json(args.json, result)
     return 0
 

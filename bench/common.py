@@ -50,9 +50,10 @@ async def hello(endpoint: str, *, ssl: Any = None, token: str = "") -> FrameStre
     return s
 
 
-async def append_once(s: FrameStream, journal: str, data: bytes) -> AppendResponse:
+async def append_once(s: FrameStream, journal: str, data: bytes,
+                      request: AppendRequest | None = None) -> AppendResponse:
     """One whole append (request, content, commit) on a raw connection."""
-    s.write(AppendRequest(journal=journal))
+    s.write(request if request is not None else AppendRequest(journal=journal))
     if data:
         s.write(AppendChunk(), data)
     s.write(AppendCommit())
@@ -62,27 +63,37 @@ async def append_once(s: FrameStream, journal: str, data: bytes) -> AppendRespon
 
 
 async def drive(streams: list[FrameStream], journal: str, data: bytes,
-                seconds: float) -> tuple[int, float]:
-    """Appends of `data` back to back on every stream for `seconds`, then closes them:
-    (appends acknowledged, elapsed seconds). A refused append ends the run."""
+                seconds: float, *, producer: str = "", close: bool = True) -> tuple[int, float]:
+    """Appends of `data` back to back on every stream for `seconds`, then closes them
+    (unless `close` is False): (appends acknowledged, elapsed seconds). A refused append
+    ends the run. `producer`: exactly-once identified appends, one producer per stream
+    (`<producer>-<i>`, a generation per call, history 1, txn 1, 2, ...)."""
     count = 0
     stop = time.monotonic() + seconds
+    generation = time.time_ns()  # a new generation per call: always the newest
 
-    async def worker(s: FrameStream) -> None:
+    async def worker(i: int, s: FrameStream) -> None:
         nonlocal count
+        txn = 0
         while time.monotonic() < stop:
-            r = await append_once(s, journal, data)
+            req = None
+            if producer:
+                txn += 1
+                req = AppendRequest(journal=journal, producer=f"{producer}-{i}",
+                                    generation=generation, history=1, txn=txn)
+            r = await append_once(s, journal, data, req)
             if r.status.name != "OK":
                 raise RuntimeError(f"{journal}: append failed: {r.status.name} {r.message}")
             count += 1
 
     t0 = time.monotonic()
     async with asyncio.TaskGroup() as tg:
-        for s in streams:
-            tg.create_task(worker(s))
+        for i, s in enumerate(streams):
+            tg.create_task(worker(i, s))
     elapsed = time.monotonic() - t0
-    for s in streams:
-        await s.close()
+    if close:
+        for s in streams:
+            await s.close()
     return count, elapsed
 
 
