@@ -11,18 +11,20 @@ QUIRE_EO_FULL=1 runs (2) at the issue's size (10 writers x 2,000 appends).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from chaos.proxy import Fault, FaultMode, FaultProxy
 from protocol import Status
 from protocol.errors import HistoryClosed, ProducerGenerationRetired, TxnOutOfOrder
-from quire.client import Client, Producer, TxnId
+from quire.client import AppendService, Client, Producer, TxnId
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 
@@ -244,6 +246,14 @@ async def test_every_replica_restarts_and_resends_land_once(cluster3, tmp_path) 
     for n in c.nodes:
         assert n.proc.wait(30) == 0, c.tail(n)
     for n in c.nodes:
+        for j in journals:
+            # The drain rolled every spool and recorded its write head — with the
+            # producer table — where the next incarnation resumes (drain.py). Without
+            # it the open spool (content and table alike) is dropped at restart.
+            head = Path(n.spool_dir) / j / ".head.json"
+            assert head.exists(), f"{n.suffix} recorded no head for {j}: {c.tail(n)}"
+            assert json.loads(head.read_text())["producers"]["marks"], head
+    for n in c.nodes:
         c.start(n)
     for n in c.nodes:
         await c.wait_listening(n)
@@ -261,3 +271,17 @@ async def test_every_replica_restarts_and_resends_land_once(cluster3, tmp_path) 
         _writer(endpoints, name, journals[i % 2], 20, str(tmp_path), acked, history=h)
         for i, (name, h) in enumerate(zip(names, histories))))
     await _check_exactly_once(c, journals, acked, {n: 70 for n in names})
+
+    # AppendService(exactly_once=True): batches identified per journal history.
+    async with Client(endpoints) as client:
+        async with AppendService(client, exactly_once=True, producer="svc",
+                                 state_dir=tmp_path) as svc:
+            futs = [await svc.append(journals[0], _record("svc", k)) for k in range(1, 101)]
+            await svc.flush()
+        results = [f.result() for f in futs]
+        assert svc.producer.generation == 1 and svc.commit_unknown_resends == 0
+    end = max(r.end for r in results)
+    data = await _read(c.nodes[0].endpoint, journals[0], end)
+    seen = _txns(data)
+    assert all(seen[("svc", k)] == 1 for k in range(1, 101))
+    assert all(data[r.begin:r.end] == _record("svc", k) for k, r in enumerate(results, 1))
