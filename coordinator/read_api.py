@@ -56,16 +56,45 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
         return await proxy_read(conn, req, res,
                                 peer_auth(Capability.READ, req.journal) if peer_auth else None)
     replica = broker.replica(req.journal)
-    # A client that goes away while we block must not leave us waiting forever: the
-    # connection carries nothing else during a read, so any byte or EOF ends it.
-    gone = asyncio.ensure_future(conn.reader.read(1))
+    gone = _Gone(conn)
     try:
-        return await _stream(conn, req, res, replica, gone)
+        keep = await _stream(conn, req, res, replica, gone)
     finally:
-        gone.cancel()
+        intact = await gone.stop()
+    return keep and intact
 
 
-async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone) -> bool:  # noqa: ANN001
+class _Gone:
+    """A client that goes away while we block must not leave us waiting forever: the
+    connection carries nothing else during a blocking read, so any byte or EOF ends it.
+
+    The watch (a pending `read(1)` on the connection) exists only while we block, and is
+    cancelled *and awaited* before the connection's next RPC is read: a watch still
+    pending would make that read fail ("readexactly() called while another coroutine is
+    already waiting"), and one that completed would have eaten the first byte of the
+    next frame. A read that ends without blocking never starts one."""
+
+    def __init__(self, conn: FrameStream) -> None:
+        self.conn = conn
+        self.task: asyncio.Future[bytes] | None = None
+
+    def watch(self) -> asyncio.Future[bytes]:
+        if self.task is None:
+            self.task = asyncio.ensure_future(self.conn.reader.read(1))
+        return self.task
+
+    async def stop(self) -> bool:
+        """End the watch; False if it saw a byte or EOF (the connection is done)."""
+        task, self.task = self.task, None
+        if task is None:
+            return True
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        return task.cancelled()
+
+
+async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone) -> bool:  # noqa: ANN001
     offset = replica.write_head if req.offset == -1 else req.offset
     first = True
     while True:
@@ -82,11 +111,12 @@ async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone) -> bo
                                              header=res.header if first else None,
                                              offset=offset, write_head=replica.write_head))
                 return True
-            change = asyncio.ensure_future(replica.wait_change())
-            done, _ = await asyncio.wait({change, gone}, return_when=asyncio.FIRST_COMPLETED)
-            change.cancel()
-            if gone in done:
-                return False
+            # Made before we yield: a commit landing in between still wakes us.
+            change = replica.changed()
+            watch = gone.watch()
+            done, _ = await asyncio.wait({change, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch in done:
+                return False  # EOF, or a byte we consumed: the connection cannot go on
             continue
         frag, local = found
         if frag.is_persisted and local is None and frag != replica.spool.fragment:

@@ -127,11 +127,18 @@ class Replica:
                 self._wake.set_result(None)
             self._wake = None
 
-    async def wait_change(self, timeout: float | None = None) -> None:
-        """Block until the head moves or the index changes (never polls)."""
+    def changed(self) -> asyncio.Future[None]:
+        """A future resolved at the next head move or index change. Made *now*, so a
+        change between this call and the caller's await is not missed (a coroutine that
+        made it on its first step could be scheduled after the change). Shared by every
+        waiter: await it through asyncio.shield or asyncio.wait, never cancel it."""
         if self._wake is None:
             self._wake = asyncio.get_running_loop().create_future()
-        fut = self._wake
+        return self._wake
+
+    async def wait_change(self, timeout: float | None = None) -> None:
+        """Block until the head moves or the index changes (never polls)."""
+        fut = self.changed()
         if timeout is None:
             await asyncio.shield(fut)
         else:

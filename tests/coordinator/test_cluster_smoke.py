@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pytest
@@ -40,3 +41,31 @@ async def test_append_and_read_r3(cluster: Cluster) -> None:
         assert data == b"hello world", (n.suffix, metas)
         await c.close()
     await conn.close()
+
+
+async def test_a_connection_carries_on_after_a_blocking_read_ends(cluster: Cluster) -> None:
+    """A blocking read watches its connection for the client going away; that watch must
+    be gone (not merely cancelled) before the connection's next RPC is read, or the next
+    read fails ("another coroutine is already waiting") or loses a byte of the next frame."""
+    for n in cluster.nodes:
+        await cluster.wait_listening(n)
+    writer = await Conn.open(cluster.nodes[0].endpoint)
+    assert (await writer.apply(spec("smoke/again"))).status == Status.OK
+    assert (await wait_appendable(cluster.nodes[0].endpoint, "smoke/again")).status == Status.OK
+    reader = await Conn.open(cluster.nodes[1].endpoint)
+    head = 0
+    for i in range(10):
+        # Block at the head until an append lands, up to end_offset; then at once another
+        # RPC on the same connection.
+        blocked = asyncio.ensure_future(reader.read("smoke/again", head, end_offset=head + 5,
+                                                    block=True))
+        r = await writer.append("smoke/again", [b"%05d" % i])
+        assert r.status == Status.OK, r
+        data, _ = await asyncio.wait_for(blocked, 30)
+        assert data == b"%05d" % i
+        again, _ = await reader.read("smoke/again", head, end_offset=head + 5)
+        assert again == data
+        assert (await reader.list()).status == Status.OK
+        head = r.commit.end
+    await reader.close()
+    await writer.close()
