@@ -131,37 +131,60 @@ async def test_apply_list_delete_cas(etcd, etcd_root: str) -> None:  # noqa: ANN
 
 
 def _quire(etcd, root: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:  # noqa: ANN001
+    """`quire shards …` in a subprocess: the real command, exit code and all."""
     env = {**os.environ, "QUIRE_ETCD_URL": etcd.url, "QUIRE_ETCD_ROOT": root, "COLUMNS": "250"}
     return subprocess.run([sys.executable, "-m", "tools.cli.main", "shards", *args], input=stdin,
                           capture_output=True, text=True, env=env, timeout=60)
 
 
-def test_cli_apply_list_delete(etcd, etcd_root: str, tmp_path) -> None:  # noqa: ANN001
+class _Quick:
+    """`quire shards …` in this process (the same main(); saves an interpreter start)."""
+
+    def __init__(self, etcd, root: str, capsys, monkeypatch) -> None:  # noqa: ANN001
+        monkeypatch.setenv("QUIRE_ETCD_URL", etcd.url)
+        monkeypatch.setenv("QUIRE_ETCD_ROOT", root)
+        self.capsys, self.monkeypatch = capsys, monkeypatch
+
+    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        import io
+
+        from tools.cli.main import main
+
+        if stdin is not None:
+            self.monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        self.capsys.readouterr()
+        code = main(["shards", *args])
+        out = self.capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_cli_apply_list_delete(etcd, etcd_root: str, tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
     spec_file = tmp_path / "shards.yaml"
     spec_file.write_text("common: {recovery_log_prefix: recovery/counts}\nshards:\n"
                          "  - {id: counts-000, sources: [{journal: clicks/part-000}]}\n"
                          "  - {id: counts-001, sources: [{selector: 'topic=clicks'}], hot_standbys: 1}\n")
-    out = _quire(etcd, etcd_root, "apply", "-f", str(spec_file))
+    out = _quire(etcd, etcd_root, "apply", "-f", str(spec_file))  # one real process
     assert out.returncode == 0, out.stderr
-    out = _quire(etcd, etcd_root, "list", "-o", "json")
+    quire = _Quick(etcd, etcd_root, capsys, monkeypatch)
+    out = quire("list", "-o", "json")
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["id"] for r in rows] == ["counts-000", "counts-001"]
     assert rows[0]["state"] == "IDLE" and rows[0]["primary"] is None
-    table = _quire(etcd, etcd_root, "list")
+    table = quire("list")
     assert "counts-001" in table.stdout and "IDLE" in table.stdout, table.stdout
     # yaml round-trips through apply (with revisions: a CAS).
-    as_yaml = _quire(etcd, etcd_root, "list", "-o", "yaml").stdout
+    as_yaml = quire("list", "-o", "yaml").stdout
     assert "revision:" in as_yaml
-    assert _quire(etcd, etcd_root, "apply", "-f", "-", stdin=as_yaml).returncode == 0
-    stale = _quire(etcd, etcd_root, "apply", "-f", "-", stdin=as_yaml)
+    assert quire("apply", "-f", "-", stdin=as_yaml).returncode == 0
+    stale = quire("apply", "-f", "-", stdin=as_yaml)
     assert stale.returncode == 4, stale.stderr  # conflict: revisions moved
-    bad = _quire(etcd, etcd_root, "apply", "-f", "-",
+    bad = quire("apply", "-f", "-",
                  stdin="- {id: x-1, sources: [{journal: aa/bb}], hot_standbys: 99}\n")
     assert bad.returncode == 7 and "hot_standbys" in bad.stderr, bad.stderr
-    assert _quire(etcd, etcd_root, "checkpoint", "counts-000").returncode == 0
-    assert _quire(etcd, etcd_root, "delete", "counts-000").returncode == 0
-    missing = _quire(etcd, etcd_root, "delete", "counts-000")
+    assert quire("checkpoint", "counts-000").returncode == 0
+    assert quire("delete", "counts-000").returncode == 0
+    missing = quire("delete", "counts-000")
     assert missing.returncode == 3, missing.stderr
-    rows = [json.loads(line) for line in _quire(etcd, etcd_root, "list", "-o", "json").stdout.splitlines()]
+    rows = [json.loads(line) for line in quire("list", "-o", "json").stdout.splitlines()]
     assert [r["id"] for r in rows] == ["counts-001"]
