@@ -70,4 +70,9 @@ def visible_state(state: dict[str, Any], claims: Claims) -> dict[str, Any]:
         return LabelSet.of({k: v for k, v in (j.get("labels") or {}).items()})
 
     journals = [j for j in state.get("journals", []) if claims.scope.covers(j["name"], labels(j))]
-    return {**state, "journals": journals}
+    # A shard is shown only when its recovery log and every named source are in scope
+    # (its journals' labels are not at hand here: the empty set is the strict reading).
+    shards = [s for s in state.get("shards", [])
+              if all(claims.scope.covers(n, LabelSet()) for n in
+                     (s["recovery_log"], *s["source_journals"]))]
+    return {**state, "journals": journals, "shards": shards}

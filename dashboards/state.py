@@ -23,6 +23,7 @@ from fragment_store.stats import StoreStats
 from protocol import ProcessId
 from quire.client import Client
 
+from .shards import shard_rows
 from .topology import Topology, consistency, decode, labels_of, route_of
 
 __all__ = ["StateCollector"]
@@ -86,6 +87,7 @@ class StateCollector:
             etcd, self._etcd = self._etcd, None
             await _quietly(etcd.close())
             raise
+        self._shards = shard_rows(self.root, ((kv.key, kv.value) for kv in resp.kvs))
         return decode(self.root, ((kv.key, kv.value) for kv in resp.kvs), resp.header.revision)
 
     def _coordinators(self, topo: Topology | None) -> Client | None:
@@ -230,6 +232,7 @@ def _join(c: StateCollector, topo: Topology | None, listed: dict[str, Any],
                  "malformed_keys": topo.malformed},
         "journals": journals,
         "brokers": members_out,
+        "shards": getattr(c, "_shards", []) if topo.revision else [],
         "errors": errors,
     }
 

@@ -102,6 +102,21 @@ function renderJournals(journals) {
     : [el("tr", {}, el("td", { colspan: 7, class: "empty" }, journals.length ? "no match" : "no journals"))]));
 }
 
+// Consumer shards (docs/consumers.md): state, primary, standbys, offsets and lag.
+function renderShards(shards) {
+  const body = document.querySelector("#shards tbody");
+  setText("shard-count", shards.length);
+  body.replaceChildren(...(shards.length ? shards.map(s => el("tr", { "data-shard": s.id },
+    el("td", { class: "name" }, s.id, el("div", { class: "muted small" }, `log ${s.recovery_log}`)),
+    el("td", {}, el("span", { class: "state " + s.state.toLowerCase(), title: s.message || "" }, s.state)),
+    el("td", {}, s.primary || "—"),
+    el("td", {}, s.standbys.map(b => `${b.member} (${b.state})`).join(", ") || "—"),
+    el("td", {}, ...s.sources.map(x => el("div", { title: `write head ${x.write_head}` },
+      `${x.journal}@${x.offset} (lag ${bytes(x.lag)})`))),
+    el("td", { class: "num" }, s.transactions)))
+    : [el("tr", {}, el("td", { colspan: 6, class: "empty" }, "no shards"))]));
+}
+
 function renderErrors(errors) {
   const list = document.getElementById("errors");
   list.replaceChildren(...errors.map(e => el("li", {}, e)));
@@ -118,6 +133,7 @@ function render(state) {
   renderErrors(state.errors);
   renderBrokers(state.brokers);
   renderJournals(state.journals);
+  renderShards(state.shards || []);
   document.body.dataset.ready = "1";
 }
 

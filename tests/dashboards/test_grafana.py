@@ -45,11 +45,12 @@ def sample_names(name: str, kind: str) -> set[str]:
 
 
 def quire_registry() -> dict[str, str]:
-    """Every quire_ family registered by the coordinator's and the workers' metric modules."""
+    """Every quire_ family registered by the coordinator's, workers' and consumers' metric modules."""
     from prometheus_client import REGISTRY
 
     import coordinator.index_watch  # noqa: F401 - registers quire_index_age_seconds, …
     import coordinator.metrics  # noqa: F401
+    import consumers.metrics  # noqa: F401 - registers quire_shard_*
     import coordinator.persister  # noqa: F401 - registers quire_persist_lag_*, …
     import workers.metrics  # noqa: F401
 
