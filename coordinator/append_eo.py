@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from protocol import EMPTY_SUM, Fragment, ProducerMark, Status
+from protocol import Fragment, ProducerMark, Status
 
 from . import metrics
 from .append_rules import AppendAborted, Decision, State, decide_broken
@@ -68,12 +68,11 @@ class ExactlyOnceStates:
         self._go(State.STREAM_CONTENT)
         return True
 
-    def _mark(self, spool: Spool, carries: bool) -> ProducerMark:
+    def _mark(self, spool: Spool, digest: str) -> ProducerMark:
         """The transaction's own commit, recorded with it on every replica."""
         req = self.req
         return ProducerMark(req.producer, req.generation, req.history, req.txn,
-                            self._begin, spool.end + spool.delta,
-                            self._summer.hexdigest() if carries else EMPTY_SUM,
+                            self._begin, spool.end + spool.delta, digest,
                             int(time.time()), req.close_history)
 
     async def _duplicate(self, pln: Pipeline) -> None:

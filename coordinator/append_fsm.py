@@ -317,7 +317,10 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
         spool = replica.spool
         carries = spool.delta != 0
         req = self.req
-        mark = self._mark(spool, carries) if req.producer else None
+        begin = self._begin
+        end = spool.end + spool.delta
+        digest = self._summer.hexdigest() if end > begin else "0" * 40
+        mark = self._mark(spool, digest) if req.producer else None
         if not carries:
             if edits_registers(req):
                 self._aborted = AppendAborted("a zero-byte append cannot edit registers")
@@ -333,9 +336,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
         local = pln.send_proposal(prop)
         if local.status != Status.OK:
             raise PipelineBroken(f"local spool refused its own proposal: {local.status.name}")
-        end = spool.end
-        self.commit = Fragment(journal=self.req.journal, begin=self._begin, end=end,
-                               sum=self._summer.hexdigest() if end > self._begin else "0" * 40,
+        # The append's own span (spool.end is `end` now; a barrier leaves it as it was).
+        self.commit = Fragment(journal=req.journal, begin=begin, end=end, sum=digest,
                                codec=spool.fragment.codec)
         self.registers = spool.registers
         await self._hand_off(pln)

@@ -96,16 +96,16 @@ class ProducerTable:
     def check(self, producer: str, generation: int, history: int, txn: int,
               close_history: bool = False) -> Verdict:
         m = self._hists.get((producer, generation, history))
-        if m is not None and txn == m.txn + 1 and not m.closed and not close_history:
-            # The common case, first: the next txn of a known history. Its fields were
-            # valid when the history was recorded, and a recorded history's generation
-            # is its producer's newest (a newer one would have dropped it).
+        g = self._gens.get(producer)
+        if m is not None and txn == m.txn + 1 and not m.closed and not close_history \
+                and g is not None and g[0] == generation:
+            # The common case, first: the next txn of a known history of the producer's
+            # newest generation (its fields were valid when it was recorded).
             return NEW
         try:
             validate_identity(producer, generation, history, txn, close_history)
         except ValidationError as exc:
             return Verdict(Status.BAD_REQUEST, str(exc))
-        g = self._gens.get(producer)
         if g is not None and generation < g[0]:
             return Verdict(Status.PRODUCER_GENERATION_RETIRED,
                            f"producer {producer!r} generation {generation} is retired: "
@@ -135,16 +135,26 @@ class ProducerTable:
 
     def apply(self, mark: ProducerMark) -> None:
         """Record a mark whose proposal was adopted (every replica, in commit order)."""
+        key = (mark.producer, mark.generation, mark.history)
+        hists = self._hists
+        old = hists.get(key)
+        if old is not None and old.at == mark.at \
+                and self._gens.get(mark.producer, (0, 0))[0] == mark.generation:
+            # The hot path: a known history, again within the same second. Its place in
+            # the LRU order stays right (nothing after it is older), its generation is
+            # its producer's newest, and nothing new can have expired.
+            hists[key] = mark
+            return
         p, gen = mark.producer, mark.generation
         g = self._gens.pop(p, None)
-        if g is not None and gen > g[0]:
-            # A newer generation retires every history of the older ones (seed).
-            for key in [k for k in self._hists if k[0] == p and k[1] < gen]:
-                del self._hists[key]
+        if g is None or gen > g[0]:
+            # A newer generation retires every history of the older ones (seed); so
+            # does a producer seen again after its entry was evicted.
+            for old_key in [k for k in hists if k[0] == p and k[1] < gen]:
+                del hists[old_key]
         self._gens[p] = (max(gen, g[0]) if g is not None else gen, mark.at)
-        key = (p, gen, mark.history)
-        self._hists.pop(key, None)
-        self._hists[key] = mark
+        hists.pop(key, None)
+        hists[key] = mark
         self._prune(mark.at)
 
     def _prune(self, now: int) -> None:

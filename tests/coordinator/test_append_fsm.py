@@ -399,3 +399,43 @@ async def test_proxy_failure_before_forwarding_the_commit_is_definite() -> None:
     await server.wait_closed()  # nothing listens there now: connection refused
     resp = await _proxy(_ProxySource(b"record\n", None), endpoint)
     assert resp.status == Status.UNAVAILABLE and "proxy to primary" in resp.message
+
+
+# -- exactly-once (append_eo.py) ---------------------------------------------------------
+
+async def _identified(replica: Replica, pln: _Pipeline, txn: int, *chunks: bytes,
+                      close: bool = False) -> AppendFSM:
+    """Run an identified append from VALIDATE_PRECONDITIONS on an owned pipeline."""
+    req = AppendRequest(journal=J, producer="w", generation=1, history=1, txn=txn,
+                        close_history=close)
+    fsm = AppendFSM(SimpleNamespace(), req, _Source(*chunks, None))
+    fsm.res = SimpleNamespace(spec=SPEC, header=Header(route=ROUTE, etcd=Etcd(revision=5)))
+    fsm.replica, fsm.pipeline = replica, pln
+    await replica.pipeline_lock.acquire()
+    fsm.owns_pipeline = True
+    fsm.state = State.VALIDATE_PRECONDITIONS
+    await fsm.run()
+    assert not replica.pipeline_lock.locked()
+    return fsm
+
+
+async def test_fsm_resent_txn_is_answered_with_the_original_commit() -> None:
+    replica = Replica(J, MemoryFiles())
+    pln = _Pipeline(replica)
+    first = await _identified(replica, pln, 1, b"once\n")
+    assert first.state is State.FINISHED and (first.commit.begin, first.commit.end) == (0, 5)
+    mark = pln.peers_got[-1].mark  # the mark rode on the commit proposal
+    assert (mark.txn, mark.begin, mark.end, mark.sum) == (1, 0, 5, first.commit.sum)
+    again = await _identified(replica, pln, 1, b"once\n")
+    assert again.state is State.FINISHED
+    assert (again.commit.begin, again.commit.end, again.commit.sum) == \
+        (first.commit.begin, first.commit.end, first.commit.sum)
+    assert replica.spool.end == 5 and pln.commits == 1  # nothing written twice
+    assert pln.peers_got[-1].proposal == replica.spool.fragment  # a barrier, no mark
+    assert pln.peers_got[-1].mark is None and not again.commit_sent
+    ahead = await _identified(replica, pln, 3, b"x\n")
+    assert ahead.state is State.ERROR and ahead.status == Status.TXN_OUT_OF_ORDER
+    closing = await _identified(replica, pln, 2, close=True)  # a zero-byte close
+    assert closing.state is State.FINISHED and closing.commit_sent  # its mark is state
+    closed = await _identified(replica, pln, 3, b"late\n")
+    assert closed.status == Status.HISTORY_CLOSED and replica.spool.end == 5
