@@ -101,10 +101,18 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
         streams = [await hello(primary) for _ in range(64)]
         data = os.urandom(1024)
         counts, times = {"plain": 0, "identified": 0}, {"plain": 0.0, "identified": 0.0}
+        cpu = {"plain": 0.0, "identified": 0.0}
+        by_role: dict[str, dict[str, float]] = {}
         for r in range(rounds * 2):
             kind = ("plain", "identified")[r % 2]
+            before = _cpu_snapshot(roles)
             n, t = await drive(streams, JOURNAL, data, args.seconds / rounds,
                                producer="bench" if kind == "identified" else "", close=False)
+            after = _cpu_snapshot(roles)
+            cpu[kind] += sum(after[k] - before[k] for k in after)
+            for k in after:
+                by_role.setdefault(kind, {}).setdefault(k, 0.0)
+                by_role[kind][k] += after[k] - before[k]
             counts[kind] += n
             times[kind] += t
         for s in streams:
@@ -114,6 +122,15 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
                 "plain_appends_s": round(rate["plain"]),
                 "identified_appends_s": round(rate["identified"]),
                 "ratio_identified_vs_plain_r3_1k_c64": round(rate["identified"] / rate["plain"], 3),
+                # CPU of every process (client, primary, replicas) per append: barely
+                # depends on the load, unlike the rates on a shared box.
+                "cpu_us_per_append": {k: round(cpu[k] / max(counts[k], 1) * 1e6, 1) for k in cpu},
+                "cpu_us_per_append_by_process": {
+                    kind: {k: round(v / max(counts[kind], 1) * 1e6, 1) for k, v in roles_.items()}
+                    for kind, roles_ in by_role.items()},
+                "cpu_ratio_plain_vs_identified": round(
+                    (cpu["plain"] / max(counts["plain"], 1))
+                    / max(cpu["identified"] / max(counts["identified"], 1), 1e-9), 3),
                 "load_avg_1m": os.getloadavg()[0]}
 
     await _load(primary, 64 << 10, 16, 1.0)  # warm up
@@ -174,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         r = result["identified"]
         print(f"1 KiB appends, R=3, 64 in flight, identified vs plain: "
               f"{r['identified_appends_s']} vs {r['plain_appends_s']} appends/s = "
-              f"{r['ratio_identified_vs_plain_r3_1k_c64']}x   (load {r['load_avg_1m']:.1f})")
+              f"{r['ratio_identified_vs_plain_r3_1k_c64']}x   (CPU µs/append "
+              f"{r['cpu_us_per_append']}, plain/identified {r['cpu_ratio_plain_vs_identified']}x, "
+              f"load {r['load_avg_1m']:.1f})")
     write_json(args.json, result)
     return 0
 
