@@ -145,7 +145,6 @@ async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone
 async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
                      first: bool) -> bool:
     """A fragment only the store holds: hand out its URL, or stream it ourselves."""
-    from fragment_store.codecs import decompress
     from fragment_store.keys import fragment_key
     from fragment_store.stores import open_store
 
@@ -160,51 +159,88 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
                                  write_head=replica.write_head, fragment=frag, fragment_url=url))
     if req.metadata_only or (req.do_not_proxy and url):
         return False
-    raw = await asyncio.to_thread(store.read_all, key)
+    offset = await _stream_stored(conn, frag, offset, req.end_offset)
+    return not (req.end_offset and offset >= req.end_offset)
+
+
+async def _stream_stored(conn: FrameStream, frag, offset: int, end_offset: int) -> int:  # noqa: ANN001
+    """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
+    ReadContent frames, fetched and decompressed by us; returns the offset reached."""
+    from fragment_store.codecs import decompress
+    from fragment_store.keys import fragment_key
+    from fragment_store.stores import open_store
+
+    store = open_store(frag.backing_store)
+    raw = await asyncio.to_thread(store.read_all, fragment_key(frag))
     data = await asyncio.to_thread(decompress, frag.codec, raw)
-    stop = min(frag.end, req.end_offset) if req.end_offset else frag.end
+    stop = min(frag.end, end_offset) if end_offset else frag.end
     view = memoryview(data)
     while offset < stop:
         n = min(READ_CHUNK, stop - offset)
         conn.write(ReadContent(offset=offset), view[offset - frag.begin:offset - frag.begin + n])
         offset += n
         await conn.drain()
-    return not (req.end_offset and offset >= req.end_offset)
+    return offset
 
 
-async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
-    """Forward to a member with our derived READ token (`peer`: Host.peer_auth)."""
-    # Any member will do; one that is down (its lease not yet expired) is skipped.
-    peer = peer or {}
-    upstream: FrameStream | None = None
+async def _connect_member(res, peer: dict) -> FrameStream | None:  # noqa: ANN001
+    """A handshaken connection to a member of the route (any will do; one that is down,
+    its lease not yet expired, is skipped), presenting our derived token; None if none
+    answers."""
     for endpoint in [e for e in res.route.endpoints if e]:
+        upstream: FrameStream | None = None
         try:
             upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
             await upstream.send(Hello(token=peer.get("token", "")))
             async with asyncio.timeout(5.0):
                 await upstream.read_message(HelloAck)
-            break
+            return upstream
         except (OSError, ProtocolError, asyncio.TimeoutError):
             if upstream is not None:
                 upstream.abort()
-            upstream = None
+    return None
+
+
+async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
+    """Forward to a member with our derived READ token (`peer`: Host.peer_auth).
+
+    The member is asked with `do_not_proxy` (no second hop), which also tells it the
+    reader fetches persisted fragments itself: for such a fragment it answers with the
+    URL and ends its RPC. Our client did not ask for that, so we stream the fragment
+    from the store ourselves and ask the member again from its end. We end our RPC where
+    the member's ends: a non-OK status, metadata only, `end_offset` reached."""
+    upstream = await _connect_member(res, peer or {})
     if upstream is None:
         await conn.send(ReadResponse(status=Status.UNAVAILABLE, header=res.header,
                                      message="no member of the route is reachable"))
         return True
+    offset = req.offset
     try:
-        await upstream.send(ReadRequest(journal=req.journal, header=res.header, offset=req.offset,
-                                        block=req.block, do_not_proxy=True,
-                                        metadata_only=req.metadata_only, end_offset=req.end_offset,
-                                        begin_mod_time=req.begin_mod_time))
         while True:
-            try:
-                frame = await upstream.read()
-            except ProtocolError:
-                return False
-            conn.write(frame.message, frame.payload)
-            await conn.drain()
-            if isinstance(frame.message, ReadResponse) and frame.message.status != Status.OK:
+            await upstream.send(ReadRequest(
+                journal=req.journal, header=res.header, offset=offset, block=req.block,
+                do_not_proxy=True, metadata_only=req.metadata_only, end_offset=req.end_offset,
+                begin_mod_time=req.begin_mod_time))
+            while True:
+                try:
+                    frame = await upstream.read()
+                except ProtocolError:
+                    return False
+                msg = frame.message
+                conn.write(msg, frame.payload)
+                await conn.drain()
+                if isinstance(msg, ReadResponse):
+                    if msg.status != Status.OK or req.metadata_only:
+                        return True
+                    offset = msg.offset
+                    if msg.fragment_url and msg.fragment is not None:
+                        offset = await _stream_stored(conn, msg.fragment, offset, req.end_offset)
+                        break  # the member ended its RPC at the URL: ask again from here
+                elif isinstance(msg, ReadContent):
+                    offset = msg.offset + len(frame.payload)
+                if req.end_offset and offset >= req.end_offset:
+                    return True
+            if req.end_offset and offset >= req.end_offset:
                 return True
     finally:
         await upstream.close()
@@ -236,6 +272,24 @@ async def serve_list_fragments(broker, conn: FrameStream, req: ListFragmentsRequ
     res = await broker.resolve(req.journal, 0)
     if res.status != Status.OK:
         await conn.send(ListFragmentsResponse(status=res.status, header=res.header))
+        return True
+    if not res.is_member:
+        # We hold nothing of this journal: a member's listing, not an empty one.
+        peer_auth = getattr(broker, "peer_auth", None)
+        upstream = await _connect_member(res, peer_auth(Capability.READ, req.journal)
+                                         if peer_auth else {})
+        if upstream is None:
+            await conn.send(ListFragmentsResponse(status=Status.UNAVAILABLE, header=res.header))
+            return True
+        try:
+            await upstream.send(req)
+            async with asyncio.timeout(30.0):
+                answer, _ = await upstream.read_message(ListFragmentsResponse)
+        except (ProtocolError, asyncio.TimeoutError):
+            answer = ListFragmentsResponse(status=Status.UNAVAILABLE, header=res.header)
+        finally:
+            await upstream.close()
+        await conn.send(answer)
         return True
     replica = broker.replicas.get(req.journal)
     frags: dict[tuple[int, int, str], FragmentInfo] = {}

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from protocol import Status
+from protocol import ListFragmentsRequest, ListFragmentsResponse, ReadRequest, ReadResponse, Status
 
 from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
 
@@ -69,3 +69,32 @@ async def test_a_connection_carries_on_after_a_blocking_read_ends(cluster: Clust
         head = r.commit.end
     await reader.close()
     await writer.close()
+
+
+async def test_reads_and_listings_through_a_coordinator_outside_the_route(cluster: Cluster) -> None:
+    """A coordinator that holds nothing of a journal forwards to a member, and its RPC
+    ends where the member's does (end_offset, metadata only), so the connection goes on."""
+    for n in cluster.nodes:
+        await cluster.wait_listening(n)
+    conn = await Conn.open(cluster.nodes[0].endpoint)
+    assert (await conn.apply(spec("smoke/single", replication=1))).status == Status.OK
+    assert (await wait_appendable(cluster.nodes[0].endpoint, "smoke/single")).status == Status.OK
+    r = await conn.append("smoke/single", [b"0123456789"])
+    assert r.status == Status.OK, r
+    listing = await conn.list()
+    route = next(j.route for j in listing.journals if j.spec.name == "smoke/single")
+    member = route.members[route.primary].suffix
+    outsider = next(n for n in cluster.nodes if n.suffix != member)
+    c = await Conn.open(outsider.endpoint)
+    for _ in range(3):
+        data, metas = await asyncio.wait_for(c.read("smoke/single", 0, end_offset=10), 30)
+        assert data == b"0123456789", metas
+        await c.s.send(ReadRequest(journal="smoke/single", offset=0, metadata_only=True))
+        meta, _ = await asyncio.wait_for(c.s.read_message(ReadResponse), 30)
+        assert meta.status == Status.OK and meta.fragment is not None
+        await c.s.send(ListFragmentsRequest(journal="smoke/single"))
+        frags, _ = await asyncio.wait_for(c.s.read_message(ListFragmentsResponse), 30)
+        assert frags.status == Status.OK
+        assert [(f.spec.begin, f.spec.end) for f in frags.fragments] == [(0, 10)]
+    await c.close()
+    await conn.close()
