@@ -46,6 +46,9 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
         limit: int = typer.Option(1024, "--limit", help="Most shards this member takes."),
         snapshot_interval: float = typer.Option(10.0, "--snapshot-interval",
                                                 help="Seconds between store snapshots."),
+        selector_refresh: float = typer.Option(10.0, "--selector-refresh",
+                                               help="Seconds between re-listings of selector "
+                                                    "sources (new matching journals are read)."),
         metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on "
                                          "127.0.0.1:<port> (0 = off)."),
         log_level: str = typer.Option("INFO", "--log-level"),
@@ -70,11 +73,12 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
 
         start_http_server(metrics_port, addr="127.0.0.1")
     raise typer.Exit(asyncio.run(_main(application, etcd_url, prefix, endpoints, me, directory,
-                                       ttl, limit, snapshot_interval)))
+                                       ttl, limit, snapshot_interval, selector_refresh)))
 
 
 async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  # type: ignore[no-untyped-def]
-                data_dir: str, ttl: float, limit: int, snapshot_interval: float) -> int:
+                data_dir: str, ttl: float, limit: int, snapshot_interval: float,
+                selector_refresh: float) -> int:
     from quire.client import Client
     from topology.etcd import connect
 
@@ -91,7 +95,8 @@ async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  #
     try:
         member = ConsumerMember(etcd=etcd, client=client, root=root, me=me, app=app,
                                 data_dir=data_dir, ttl=ttl, limit=limit,
-                                snapshot_interval=snapshot_interval)
+                                snapshot_interval=snapshot_interval,
+                                selector_refresh=selector_refresh)
         runner = asyncio.create_task(member.run(stop, ready))
         waiter = asyncio.ensure_future(ready.wait())
         await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)

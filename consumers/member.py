@@ -60,10 +60,11 @@ class _Running:
 class ConsumerMember:
     def __init__(self, *, etcd: aetcd.Client, client: Client, root: str, me: ProcessId, app: App,
                  data_dir: str, ttl: float = 10.0, limit: int = 1024,
-                 snapshot_interval: float = 10.0) -> None:
+                 snapshot_interval: float = 10.0, selector_refresh: float = 10.0) -> None:
         self.etcd, self.client, self.root, self.me, self.app = etcd, client, root.rstrip("/"), me, app
         self.data_dir, self.ttl, self.limit = data_dir, ttl, limit
         self.snapshot_interval = snapshot_interval
+        self.selector_refresh = selector_refresh
         self.running: dict[str, _Running] = {}
         self._failed: dict[str, float] = {}
         self._published: dict[str, bytes] = {}
@@ -142,6 +143,12 @@ class ConsumerMember:
         locks = self.locks()
         primaries = [s for s, r in self.running.items() if r.primary]
         standbys = [s for s, r in self.running.items() if not r.primary]
+        for shard, until in list(self._failed.items()):
+            if time.monotonic() >= until:
+                del self._failed[shard]
+                if shard not in self.running:  # not retried here: withdraw the FAILED report
+                    with contextlib.suppress(Exception):
+                        await txn(self.etcd, [], [delete_op(status_key(self.root, shard, self.me))])
         for step in plan_member(self.me, specs, ranked, locks, primaries, standbys):
             if step.shard in self._failed and time.monotonic() < self._failed[step.shard]:
                 continue
@@ -168,20 +175,21 @@ class ConsumerMember:
             if exc is not None:
                 log.error("shard failed", shard=shard, error=repr(exc), primary=running.primary)
                 self._failed[shard] = time.monotonic() + RETRY_AFTER_FAILURE
-            asyncio.ensure_future(self._after_exit(shard, running))
+            # A FAILED report stays visible (`quire shards list`) until the retry.
+            asyncio.ensure_future(self._after_exit(shard, running, keep_status=exc is not None))
 
-    async def _after_exit(self, shard: str, running: _Running) -> None:
+    async def _after_exit(self, shard: str, running: _Running, keep_status: bool = False) -> None:
         """Delete our status report and (if we held it) the lock, in one transaction, so
         no reader ever sees a released primary's PRIMARY report beside its successor's."""
         async with self._report_lock:
-            status = delete_op(status_key(self.root, shard, self.me))
+            status = [] if keep_status else [delete_op(status_key(self.root, shard, self.me))]
             with contextlib.suppress(Exception):
                 if running.primary and running.lock_revision:
                     lock = primary_key(self.root, shard)
                     await txn(self.etcd, [cmp_create(lock, running.lock_revision)],
-                              [delete_op(lock), status], [status])
-                else:
-                    await txn(self.etcd, [], [status])
+                              [delete_op(lock), *status], status)
+                elif status:
+                    await txn(self.etcd, [], status)
             self._published.pop(shard, None)
         self._wake.set()
 
@@ -198,7 +206,8 @@ class ConsumerMember:
     def _start(self, spec: ShardSpec, *, primary: bool, lock_revision: int = 0) -> None:
         runner = ShardRunner(client=self.client, etcd=self.etcd, root=self.root, me=self.me,
                              spec=spec, app=self.app, data_dir=self.data_dir, outputs=self.outputs,
-                             snapshot_interval=self.snapshot_interval)
+                             snapshot_interval=self.snapshot_interval,
+                             selector_refresh=self.selector_refresh)
         stop = asyncio.Event()
         if primary:
             author = f"{self.me.zone}.{self.me.suffix}.{lock_revision}"

@@ -81,6 +81,7 @@ class ShardRunner:
     data_dir: str
     outputs: AppendService
     snapshot_interval: float = 10.0
+    selector_refresh: float = 10.0
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     notice: asyncio.Event = field(default_factory=asyncio.Event)
     offsets: dict[str, int] = field(default_factory=dict)
@@ -150,15 +151,21 @@ class ShardRunner:
             store.close()
             self.store = None
 
-    async def _sources(self, store: Store) -> dict[str, int]:
-        stored = store.offsets()
+    async def _selected(self) -> dict[str, int]:
+        """Every source journal (named, or matched by a selector) -> its min_offset."""
         out: dict[str, int] = {}
         for src in self.spec.sources:
             names = [src.journal] if src.journal else \
                 [e.spec.name for e in await self.client.list_journals(src.parsed_selector() or "")]
             for name in names:
-                out[name] = max(stored.get(name, 0), src.min_offset, out.get(name, 0))
+                if name != self.spec.recovery_log:
+                    out[name] = max(src.min_offset, out.get(name, 0))
         return out
+
+    async def _sources(self, store: Store) -> dict[str, int]:
+        stored = store.offsets()
+        return {name: max(stored.get(name, 0), start)
+                for name, start in (await self._selected()).items()}
 
     async def _read(self, journal: str, offset: int, queue: asyncio.Queue[_Chunk]) -> None:
         """Follow a source from `offset`, re-issuing a blocked read that missed new content
@@ -211,6 +218,26 @@ class ShardRunner:
         noticed = asyncio.ensure_future(self.notice.wait())
         readers = [asyncio.create_task(self._read(j, o, queue), name=f"read-{shard_id}-{j}")
                    for j, o in self.offsets.items()]
+
+        async def discover() -> None:
+            """Journals that start matching a selector source later are read from their
+            min_offset (re-listed every `selector_refresh` seconds)."""
+            while True:
+                await asyncio.sleep(self.selector_refresh)
+                try:
+                    found = await self._selected()
+                except StatusError as exc:
+                    log.warning("selector refresh failed", shard=shard_id, error=str(exc))
+                    continue
+                for name, start in sorted(found.items()):
+                    if name not in framers:
+                        framers[name] = LineFramer()
+                        self.offsets[name] = start
+                        readers.append(asyncio.create_task(self._read(name, start, queue),
+                                                           name=f"read-{shard_id}-{name}"))
+                        log.info("new source journal", shard=shard_id, journal=name, offset=start)
+
+        helpers = [asyncio.create_task(discover())] if any(s.selector for s in self.spec.sources) else []
         try:
             while not stop.is_set():
                 if self.notice.is_set():
@@ -258,7 +285,7 @@ class ShardRunner:
             if policy.opened is not None or store.pending:
                 await self._commit(shard, store, writer, policy)
         finally:
-            await cancel_all([*readers, stopping, noticed])
+            await cancel_all([*helpers, *readers, stopping, noticed])
 
     async def _commit(self, shard: Shard, store: Store, writer: LogWriter,
                       policy: CommitPolicy) -> None:

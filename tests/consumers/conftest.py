@@ -73,14 +73,16 @@ class MemberProc:
     """A `python -m consumers.main run APP` process."""
 
     def __init__(self, env: Env, etcd_url: str, root: str, zone: str, suffix: str, app: str,
-                 ttl: float = 3.0, snapshot_interval: float = 2.0, metrics_port: int = 0) -> None:
+                 ttl: float = 3.0, snapshot_interval: float = 2.0, metrics_port: int = 0,
+                 selector_refresh: float = 10.0) -> None:
         self.zone, self.suffix = zone, suffix
         self.data_dir = os.path.join(env.workdir, f"consumer-{zone}-{suffix}")
         self.log_path = self.data_dir + ".log"
         argv = [sys.executable, "-m", "consumers.main", "run", app, "--etcd", etcd_url,
                 "--root", root, "--zone", zone, "--id", suffix, "--broker", env.endpoints,
                 "--data-dir", self.data_dir, "--ttl", str(ttl), "--snapshot-interval",
-                str(snapshot_interval), "--log-format", "json", "--metrics-port", str(metrics_port)]
+                str(snapshot_interval), "--log-format", "json", "--metrics-port", str(metrics_port),
+                "--selector-refresh", str(selector_refresh)]
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in kill()
         self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT,
                                      start_new_session=True)

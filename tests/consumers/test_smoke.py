@@ -77,3 +77,55 @@ async def test_one_shard_counts(coordinators, member_factory, etcd, etcd_client,
                 totals[row["key"]] = row["count"]
         assert totals == {f"k{i}": 20 for i in range(5)}
 
+
+
+async def test_selector_source_picks_up_new_journals(coordinators, member_factory, etcd_client,  # noqa: ANN001
+                                                     etcd_root) -> None:
+    env = coordinators
+    await create_journals(env, [journal("clicks/part-a", env.store_url, topic="clicks"),
+                                journal("recovery/sel-1", env.store_url)])
+    spec = ShardSpec(id="sel-1", sources=(ShardSource(selector="topic=clicks"),),
+                     recovery_log_prefix="recovery", checkpoint_interval=0.1)
+    await apply_shards(etcd_client, etcd_root, [ShardChange(spec=spec)])
+    m = member_factory("zone-a", "mem-sel", selector_refresh=0.3)
+    await m.ready()
+    line = b'{"key": "k"}\n'
+    async with Client(env.endpoints) as client:
+        await client.append("clicks/part-a", line * 10)
+
+        async def offsets() -> dict[str, int]:
+            st = (await list_statuses(etcd_client, etcd_root)).get("sel-1", [])
+            return {s.journal: s.offset for r in st if r.state.value == "PRIMARY" for s in r.sources}
+
+        async def read(expected: dict[str, int]) -> bool:
+            return await offsets() == expected
+
+        await wait_for(lambda: read({"clicks/part-a": 10 * len(line)}), 20, "the first journal")
+        await create_journals(env, [journal("clicks/part-b", env.store_url, topic="clicks")])
+        await client.append("clicks/part-b", line * 5)
+        await wait_for(lambda: read({"clicks/part-a": 10 * len(line), "clicks/part-b": 5 * len(line)}),
+                       20, "the journal that matched later")
+    assert m.terminate() == 0
+
+
+async def test_a_failing_shard_is_reported_failed(coordinators, member_factory, etcd, etcd_client,  # noqa: ANN001
+                                                  etcd_root) -> None:
+    env = coordinators
+    await create_journals(env, [journal("src/lonely", env.store_url)])
+    # No recovery log journal: the shard cannot fence it, and says why.
+    spec = ShardSpec(id="no-log", sources=(ShardSource(journal="src/lonely"),),
+                     recovery_log_prefix="recovery")
+    await apply_shards(etcd_client, etcd_root, [ShardChange(spec=spec)])
+    m = member_factory("zone-a", "mem-fail")
+    await m.ready()
+    env_vars = {**os.environ, "QUIRE_ETCD_URL": etcd.url, "QUIRE_ETCD_ROOT": etcd_root}
+
+    def listed() -> dict | None:
+        out = subprocess.run([sys.executable, "-m", "tools.cli.main", "shards", "list", "-o", "json"],
+                             capture_output=True, text=True, env=env_vars, timeout=60)
+        row = json.loads(out.stdout.splitlines()[0])
+        return row if row["state"] == "FAILED" else None
+
+    row = await wait_for(listed, 30, "a FAILED report", interval=0.5)
+    assert "JOURNAL_NOT_FOUND" in row["message"] and "recovery/no-log" in row["message"], row
+    assert m.terminate() == 0

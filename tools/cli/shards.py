@@ -169,6 +169,18 @@ def _primary_status(statuses: list[ShardStatus], primary: str) -> ShardStatus | 
     return None
 
 
+def _state(spec: ShardSpec, status: ShardStatus | None, reports: list[ShardStatus]) -> tuple[str, str]:
+    """(state, why): the primary's state, else FAILED if a member reports a failure."""
+    if spec.disable:
+        return "DISABLED", ""
+    if status is not None:
+        return status.state.value, status.message
+    failed = [r for r in reports if r.state.value == "FAILED"]
+    if failed:
+        return "FAILED", f"{failed[0].member}: {failed[0].message}"
+    return "IDLE", ""
+
+
 @app.command("list")
 def list_cmd(etcd: str = EtcdOption, root: str = RootOption, output: Output = OutputOption) -> None:
     """Every shard: its state, primary, read-through offsets and lag per source."""
@@ -192,7 +204,8 @@ def list_cmd(etcd: str = EtcdOption, root: str = RootOption, output: Output = Ou
     if output is Output.json:
         emit_json_lines({
             "id": e.spec.id, "spec": e.spec, "revision": e.mod_revision,
-            "state": "DISABLED" if e.spec.disable else (status.state.value if status else "IDLE"),
+            "state": _state(e.spec, status, reports)[0],
+            "message": _state(e.spec, status, reports)[1],
             "primary": primary or None,
             "sources": [{"journal": s.journal, "offset": s.offset, "write_head": s.write_head,
                          "lag": s.lag} for s in (status.sources if status else ())],
@@ -203,7 +216,9 @@ def list_cmd(etcd: str = EtcdOption, root: str = RootOption, output: Output = Ou
         return
     table = []
     for e, primary, status, reports in rows:
-        state = "DISABLED" if e.spec.disable else (status.state.value if status else "IDLE")
+        state, why = _state(e.spec, status, reports)
+        if why:
+            state += f"\n{why}"
         standbys = [f"{s.member}:{s.state.value}" for s in reports if s.member != primary]
         offsets = "\n".join(f"{s.journal}@{s.offset} (lag {human_bytes(s.lag)})"
                             for s in (status.sources if status else ())) or "-"
