@@ -54,6 +54,7 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
         "recovery_p50": rec.get("p50"), "recovery_max": rec.get("max"),
         "unavailable_after_heal": counts.get("unavailable_after_heal", 0),
         "stale_heads": counts.get("stale_heads", 0),
+        "holes": counts.get("holes", 0),
         "skipped_faults": len(summary.get("run", {}).get("skipped_faults", []) or []),
         "error": summary.get("error", ""),
     }
@@ -66,7 +67,7 @@ def _s(v: float | None) -> str:
 def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
     """Markdown: one line per seed, then the totals. Pure."""
     head = ["seed", "acked", "faults (/min)", "faults by kind",
-            *(_SHORT[k] for k in SAFETY_KEYS), "kill→ack p50 / max s", "liveness", "safe"]
+            *(_SHORT[k] for k in SAFETY_KEYS), "holes", "kill→ack p50 / max s", "liveness", "safe"]
     out = [f"**{title}**", ""] if title else []
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -78,7 +79,7 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
                 f"{r['unavailable_after_heal']} unavailable, {r['stale_heads']} stale")
         out.append("| " + " | ".join([
             str(r["seed"]), f"{r['acknowledged']:,}", f"{r['faults']} ({r['faults_per_min']})", kinds,
-            *(str(r["safety"][k]) for k in SAFETY_KEYS),
+            *(str(r["safety"][k]) for k in SAFETY_KEYS), str(r.get("holes", 0)),
             f"{_s(r['recovery_p50'])} / {_s(r['recovery_max'])} ({r['recovered']}/{r['kills']})",
             live, "yes" if r["safe"] else "**NO**"]) + " |")
     ok = [r for r in rows if not r.get("error")]
@@ -90,6 +91,7 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             f"({round(sum(r['faults'] for r in ok) * 60 / sum(r['duration'] for r in ok), 2)})",
             "",
             *(str(sum(r["safety"][k] for r in ok)) for k in SAFETY_KEYS),
+            str(sum(r.get("holes", 0) for r in ok)),
             f"max {_s(max(maxes) if maxes else None)}",
             f"{sum(1 for r in ok if r['unavailable_after_heal'] or r['stale_heads'])} runs not ok",
             f"{sum(1 for r in ok if r['safe'])}/{len(rows)} safe"]) + " |")

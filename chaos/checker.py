@@ -75,6 +75,10 @@ class JournalReadback:
     unavailable: str = ""
     """Set when no barrier append succeeded after healing: the journal stayed down
     (liveness, reported; not a safety count)."""
+    holes: list[tuple[int, int]] = field(default_factory=list)
+    """[begin, end) ranges the final read jumped over (filled with newlines in `final`):
+    reported as `holes`, not a safety count by themselves — an acked append inside one
+    is `lost`, and only an indefinite append's bytes may be missing."""
     head_seen: int = -1
     """The write head first reported after healing, before any barrier append (-1 =
     unknown). Below the last acked end it means reads were served from a primary that
@@ -104,7 +108,7 @@ class Report:
 class _Tally:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {k: 0 for k in SAFETY_KEYS}
-        self.counts.update(indefinite_visible=0, indefinite_absent=0, garbage_bytes=0,
+        self.counts.update(indefinite_visible=0, indefinite_absent=0, garbage_bytes=0, holes=0,
                            fragments_checked=0, stale_heads=0,
                            unavailable_after_heal=0, reconstructed=0)
         self.examples: dict[str, list[str]] = {}
@@ -144,6 +148,17 @@ def _overlaps(spans: Iterable[tuple[int, bytes]], final: bytes, base: int
             yield start, data[start - off:], None
 
 
+def _outside(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) spans not covered by any hole."""
+    out = []
+    for lo, hi in spans:
+        parts = [(lo, hi)]
+        for hlo, hhi in holes:
+            parts = [p for a, b in parts for p in ((a, min(b, hlo)), (max(a, hhi), b)) if p[0] < p[1]]
+        out.extend(parts)
+    return out
+
+
 def _check_views(j: JournalReadback, t: _Tally) -> None:
     views = dict(j.views)
     views["store"] = views.get("store", []) + [
@@ -171,7 +186,9 @@ def _check_journal(j: JournalReadback, ops: Sequence[Op], t: _Tally) -> dict[str
         by_uid.setdefault(r.uid, []).append(r.offset)
         at_offset[r.offset] = (r.uid, r.length)
     ops_by_uid = {op.uid: op for op in ops}
-    for lo, hi in garbage:
+    for lo, hi in j.holes:
+        t.add("holes", f"{j.journal}: the final read jumped over [{lo}, {hi}) ({hi - lo} bytes)")
+    for lo, hi in _outside(garbage, j.holes):
         t.counts["garbage_bytes"] += hi - lo
         t.add("uncommitted_visible", f"{j.journal}: {hi - lo} bytes at [{lo}, {hi}) are no record")
     for uid, offsets in by_uid.items():

@@ -306,3 +306,29 @@ def test_failed_final_read_without_copies_is_lost() -> None:
     rb = JournalReadback(J, b"", read_error="InsufficientJournalBrokers")
     report = check([rb], b.history.ops)
     assert report.counts["lost"] == 2 and report.counts["reconstructed"] == 0
+
+
+def test_hole_over_an_indefinite_append_is_reported_not_unsafe() -> None:
+    """A pipeline sync rolled forward past an indefinite append's bytes that no member
+    kept: the final read jumps over them (readback fills the hole with newlines)."""
+    b = Builder()
+    b.append()
+    lo = len(b.journal)
+    _, data = b.append("info")  # its commit went out; nobody kept the bytes
+    hi = len(b.journal)
+    b.journal[lo:hi] = b"\n" * (hi - lo)
+    b.append()
+    report = check([b.readback(holes=[(lo, hi)])], b.history.ops)
+    assert report.safe, report.counts
+    assert report.counts["holes"] == 1 and report.counts["indefinite_absent"] == 1
+
+
+def test_acked_append_inside_a_hole_is_lost() -> None:
+    b = Builder()
+    b.append()
+    lo = len(b.journal)
+    b.append()
+    hi = len(b.journal)
+    b.journal[lo:hi] = b"\n" * (hi - lo)
+    report = check([b.readback(holes=[(lo, hi)])], b.history.ops)
+    _only(report.counts, "lost")
