@@ -31,8 +31,7 @@ from protocol.errors import StatusError
 from protocol.logs import get_logger
 from protocol.shard import ShardSpec, ShardState, ShardStatus, SourceStatus
 from quire.client import AppendService, Client, LineFramer
-from topology.etcd import put_op, txn
-from topology.shards import guard_key
+from topology.shards import publish_needs
 
 from . import metrics, snapshot
 from .app import App, Message, Shard
@@ -321,9 +320,8 @@ class ShardRunner:
             key = await asyncio.to_thread(snapshot.upload_snapshot, url, self.spec.id, target, log_offset)
             await asyncio.to_thread(snapshot.prune_snapshots, url, self.spec.id)
             # Pruning may now drop what no snapshot or checkpoint needs any more.
-            guards = {self.spec.recovery_log: log_offset, **offsets}
-            await txn(self.etcd, [], [put_op(guard_key(self.root, j), str(o).encode())
-                                      for j, o in guards.items()])
+            await publish_needs(self.etcd, self.root, self.spec.id,
+                                {self.spec.recovery_log: log_offset, **offsets})
             metrics.SNAPSHOTS.labels(self.spec.id).inc()
             log.info("snapshot uploaded", shard=self.spec.id, key=key, log_offset=log_offset)
         except (OSError, StatusError, ValueError) as exc:

@@ -9,6 +9,8 @@ Key layout (beside the journal keys of etcd.py; shard ids never contain '#'):
                                                     holder's lease (at most one primary)
     <root>/consumers/status/<id>#<zone>#<suffix>    ShardStatus JSON, the reporter's lease
     <root>/consumers/notice/<id>                    checkpoint notice (unix time), no lease
+    <root>/consumers/needs/<id>                     {journal: offset} the shard's newest
+                                                    snapshot still needs, no lease
     <root>/guards/<journal>                         decimal: lowest offset a shard still
                                                     needs (read by the prune task)
 
@@ -53,6 +55,9 @@ __all__ = [
     "guard_key",
     "list_shards",
     "list_statuses",
+    "needs_key",
+    "needs_prefix",
+    "publish_needs",
     "notice_key",
     "notice_prefix",
     "primary_key",
@@ -105,6 +110,14 @@ def notice_prefix(root: str) -> str:
 
 def notice_key(root: str, shard_id: str) -> str:
     return notice_prefix(root) + shard_id
+
+
+def needs_prefix(root: str) -> str:
+    return f"{consumer_root(root)}/needs/"
+
+
+def needs_key(root: str, shard_id: str) -> str:
+    return needs_prefix(root) + shard_id
 
 
 def guard_key(root: str, journal: str) -> str:
@@ -211,11 +224,13 @@ def _exists(key: str):  # type: ignore[no-untyped-def]
 
 async def delete_shard(client: aetcd.Client, root: str, shard_id: str,
                        expect_mod_revision: int = -1) -> int:
-    """Delete a spec (ShardNotFound if absent), its notice and its guard-free leftovers."""
+    """Delete a spec (ShardNotFound if absent), its notice, and its needs record (so it no
+    longer holds back pruning; guards are recomputed by the next shard's snapshot)."""
     validate_shard_id(shard_id, "id")
     key = shard_key(root, shard_id)
     compares = [cmp_mod(key, expect_mod_revision)] if expect_mod_revision > 0 else [_exists(key)]
-    result = await txn(client, compares, [delete_op(key), delete_op(notice_key(root, shard_id))])
+    result = await txn(client, compares, [delete_op(key), delete_op(notice_key(root, shard_id)),
+                                          delete_op(needs_key(root, shard_id))])
     if not result.succeeded:
         if expect_mod_revision > 0:
             raise EtcdTransactionFailed(f"shard {shard_id!r} changed since revision "
@@ -251,6 +266,41 @@ async def list_statuses(client: aetcd.Client, root: str) -> dict[str, list[Shard
             continue
         out.setdefault(status.id, []).append(status)
     return out
+
+
+async def publish_needs(client: aetcd.Client, root: str, shard_id: str, needs: dict[str, int],
+                        attempts: int = 8) -> dict[str, int]:
+    """Record what a shard still needs ({journal: lowest offset}) and set each of those
+    journals' prune guard to the lowest offset *any* shard needs, in one transaction
+    guarded on every needs record read (so two shards sharing a source never lower or
+    raise each other's guard wrongly). Returns the guards written."""
+    own = needs_key(root, shard_id)
+    for _ in range(attempts):
+        resp = await client.get_prefix(needs_prefix(root).encode())
+        others: dict[str, list[int]] = {}
+        compares = []
+        seen_own = False
+        for kv in resp.kvs:
+            key = kv.key.decode()
+            compares.append(cmp_mod(key, kv.mod_revision))
+            if key == own:
+                seen_own = True
+                continue
+            try:
+                theirs = msgspec.json.decode(kv.value, type=dict[str, int])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            for journal, offset in theirs.items():
+                others.setdefault(journal, []).append(offset)
+        if not seen_own:
+            compares.append(cmp_version(own, 0))
+        guards = {j: min([o, *others.get(j, [])]) for j, o in needs.items()}
+        ops = [put_op(own, msgspec.json.encode(needs))]
+        ops += [put_op(guard_key(root, j), str(o).encode()) for j, o in sorted(guards.items())]
+        result = await txn(client, compares, ops)
+        if result.succeeded:
+            return guards
+    raise EtcdTransactionFailed(f"shard {shard_id}: needs records kept changing; guards not written")
 
 
 def range_end(prefix: str) -> bytes:

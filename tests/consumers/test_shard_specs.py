@@ -188,3 +188,24 @@ def test_cli_apply_list_delete(etcd, etcd_root: str, tmp_path, capsys, monkeypat
     assert missing.returncode == 3, missing.stderr
     rows = [json.loads(line) for line in quire("list", "-o", "json").stdout.splitlines()]
     assert [r["id"] for r in rows] == ["counts-001"]
+
+
+async def test_guards_are_the_lowest_offset_any_shard_needs(etcd, etcd_root: str) -> None:  # noqa: ANN001
+    from topology.shards import guard_key, publish_needs
+
+    client = await connect(etcd.url)
+
+    async def guard(journal: str) -> int:
+        return int((await client.get(guard_key(etcd_root, journal).encode())).value)
+
+    try:
+        assert await publish_needs(client, etcd_root, "a", {"shared/j": 100, "rec/a": 7}) == \
+            {"shared/j": 100, "rec/a": 7}
+        await publish_needs(client, etcd_root, "b", {"shared/j": 50})
+        assert await guard("shared/j") == 50
+        await publish_needs(client, etcd_root, "a", {"shared/j": 200, "rec/a": 9})
+        assert await guard("shared/j") == 50 and await guard("rec/a") == 9  # b still needs 50
+        await publish_needs(client, etcd_root, "b", {"shared/j": 300})
+        assert await guard("shared/j") == 200  # now a is the lowest
+    finally:
+        await client.close()

@@ -68,6 +68,15 @@ async def test_one_shard_counts(coordinators, member_factory, etcd, etcd_client,
         assert "quire_shard_transaction_seconds_bucket" in metrics
         assert "quire_shard_recovery_replay_bytes_total" in metrics
         await request_checkpoint(etcd_client, etcd_root, "c-one")
+        # The checkpoint notice commits and snapshots; the snapshot writes prune guards.
+        from topology.shards import guard_key
+
+        async def guarded() -> object:
+            return await etcd_client.get(guard_key(etcd_root, "src/one").encode())
+
+        source_guard = await wait_for(guarded, 20, "the notice's snapshot to write guards")
+        log_guard = await etcd_client.get(guard_key(etcd_root, "recovery/counts/c-one").encode())
+        assert int(source_guard.value) == len(lines) and int(log_guard.value) > 0
         assert m.terminate() == 0, m.log_text()[-3000:]
         assert "c-one" not in await read_primaries(etcd_client, etcd_root)
         totals: dict[str, int] = {}
