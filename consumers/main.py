@@ -4,8 +4,8 @@ Contributed to the `quire` command through the `quire.commands` entry point
 (`consumer = "consumers.main:command"`), so the CLI layer never imports this role.
 
 Exit codes: 0 after a clean release (SIGTERM/SIGINT: commit, release every shard, revoke
-the lease), 3 when the member's lease was lost (e.g. paused past its TTL: it abandons its
-shards without writing anything), 7 for an invalid APP or flag.
+the lease), 7 for an invalid APP or flag. A member whose lease was lost (e.g. paused past
+its TTL) abandons its shards without writing and re-announces itself; it does not exit.
 """
 
 from __future__ import annotations

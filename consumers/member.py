@@ -4,7 +4,9 @@ The member holds a topology.Membership (its key under `<root>/consumers/members/
 kept-alive lease). Every shard lock it takes is written under that lease, so kill -9
 releases its shards when the lease expires, and a paused (SIGSTOP) member that wakes
 after its lease expired finds its locks gone and its recovery-log appends refused
-(REGISTER_MISMATCH: fenced); it then exits (EXIT_LEASE_LOST) without writing anything.
+(REGISTER_MISMATCH: fenced). On a lost membership it abandons every shard without
+writing (`_fence`), and `Membership.maintain` re-announces it under a new lease (the
+coordinators' behaviour); it takes no lock while not in good standing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import aetcd
 import msgspec
 
 from protocol import ProcessId
+from protocol.errors import StatusError
 from protocol.logs import get_logger
 from protocol.shard import ShardSpec, ShardState
 from quire.client import AppendService, Client
@@ -38,11 +41,10 @@ from .mirror import Mirror
 from .plan import Action, placement, plan_member
 from .runner import ShardRunner, cancel_all
 
-__all__ = ["EXIT_LEASE_LOST", "ConsumerMember"]
+__all__ = ["ConsumerMember"]
 
 log = get_logger(__name__)
 
-EXIT_LEASE_LOST = 3
 RETRY_AFTER_FAILURE = 2.0
 STOP_TIMEOUT = 60.0
 
@@ -114,21 +116,25 @@ class ConsumerMember:
                 reporter = asyncio.create_task(self._report_loop(), name="status-reporter")
                 if ready is not None:
                     ready.set()
+                maintainer = asyncio.create_task(membership.maintain(self._fence),
+                                                 name="membership")
                 try:
-                    while not stop.is_set() and not membership.lost.is_set():
+                    while not stop.is_set():
                         self._reap()
-                        await self._step()
+                        if membership.in_good_standing:  # never take a lock in doubt
+                            try:
+                                await self._step()
+                            except StatusError as exc:  # etcd hiccup, a lease just lost
+                                log.warning("member step failed; retrying", error=str(exc))
                         self._wake.clear()
-                        waits = [asyncio.ensure_future(e.wait())
-                                 for e in (self._wake, stop, membership.lost)]
+                        waits = [asyncio.ensure_future(e.wait()) for e in (self._wake, stop)]
                         await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                         for w in waits:
                             w.cancel()
-                    if membership.lost.is_set():
-                        log.error("lease lost; abandoning shards", member=str(self.me))
-                        await self._abandon()
-                        return EXIT_LEASE_LOST
-                    await membership.set_exiting()
+                    maintainer.cancel()
+                    await cancel_all([maintainer])
+                    if membership.in_good_standing:
+                        await membership.set_exiting()
                     await self._release_all()
                 finally:
                     reporter.cancel()
@@ -258,6 +264,17 @@ class ConsumerMember:
 
     async def _release_all(self) -> None:
         await asyncio.gather(*(self._stop(s) for s in list(self.running)), return_exceptions=True)
+
+    async def _fence(self, reason: str) -> None:
+        """Membership lost (lease expired or revoked, key deleted): everything held under
+        the old lease is gone from etcd, and a successor may already have fenced our
+        recovery logs. Drop every shard without writing; Membership then re-announces."""
+        log.error("membership lost; abandoning every shard", member=str(self.me), reason=reason,
+                  shards=sorted(self.running))
+        await self._abandon()
+        self._published.clear()
+        self._failed.clear()
+        self._wake.set()
 
     async def _abandon(self) -> None:
         for running in self.running.values():

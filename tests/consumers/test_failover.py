@@ -14,7 +14,8 @@ What is checked:
   which is at-least-once until exactly-once appends land (issue "Exactly-once appends"):
   totals published after the last checkpoint may be published again, never higher.)
 - a zombie primary (SIGSTOP past its lease, then SIGCONT) cannot append to its recovery
-  log: the successor's fence changed the author register, so its appends are refused.
+  log: the successor's fence changed the author register, so its appends are refused;
+  it abandons the shard and re-announces itself as a new member.
 
 Load is bounded: QUIRE_CONSUMER_MESSAGES (default 20000; e.g. 200000 for a soak).
 """
@@ -256,10 +257,13 @@ async def test_zombie_primary_cannot_append_to_its_recovery_log(coordinators, me
                                      check_registers=parse_selector(f"{AUTHOR}={zombie_author}"))
         finally:
             zombie.signal(signal.SIGCONT)
-        assert zombie.proc.wait(30) == 3, zombie.log_text()[-3000:]  # lease lost: it left
+        # It notices its lost membership, abandons the shard without writing, re-announces.
+        await wait_for(lambda: "membership lost; abandoning every shard" in zombie.log_text()
+                       and "re-announced" in zombie.log_text(), 30, "the zombie to step down")
+        assert zombie.proc.poll() is None, zombie.log_text()[-3000:]
         await write(client, 3000, 4000, 1)
         await wait_for(lambda: caught_up(client, etcd_client, etcd_root, 1), 30, "the last part")
-        assert successor.terminate() == 0
+        assert zombie.terminate() == 0 and successor.terminate() == 0
         # No record of the zombie's follows the successor's fence in the log.
         head = await client.write_head("recovery/count-0")
         reader, authors = RecordReader(0), []
