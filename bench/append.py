@@ -95,7 +95,7 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
                 "appends_s": round(n / t), "mb_s": round(n * size / t / 1e6, 1),
                 "cpu_us_per_append": cpu, "load_avg_1m": os.getloadavg()[0]}
 
-    async def identified(rounds: int = 5) -> dict:
+    async def identified(rounds: int = 10) -> dict:
         """Plain and identified 1 KiB x 64 in alternating rounds (the load on a shared
         box drifts; alternating spreads the drift over both)."""
         streams = [await hello(primary) for _ in range(64)]
