@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -200,6 +201,18 @@ async def test_dropped_response_is_resent_and_lands_once_and_refusals(cluster3, 
             head = await client.write_head(j)
         data = await _read(primary.endpoint, j, head)
         assert data[before:] == b"once\nnext\ngen2\nbye\n"
+
+    # `quire append --producer`: a new generation per run, persisted in --state-dir.
+    env = {**os.environ, "QUIRE_BROKER": primary.endpoint}
+    for expect in (1, 2):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tools.cli.main", "append", "-j", j, "--producer", "cli",
+            "--state-dir", str(tmp_path / "cli"), "-o", "json", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        out, err = await asyncio.wait_for(proc.communicate(b"from the cli\n"), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert json.loads(out)["bytes"] == 13
+        assert (tmp_path / "cli" / "cli.generation").read_text().strip() == str(expect)
 
 
 # -- (2) --------------------------------------------------------------------------------
