@@ -265,7 +265,13 @@ class Hosting:
             for _ in range(PULSE_ATTEMPTS):
                 if self._stop.is_set():
                     return
-                fsm = await self.pulse(journal)
+                try:
+                    fsm = await self.pulse(journal)
+                except Exception:  # noqa: BLE001 - a pulse must never take the process down
+                    log.exception("pulse crashed; retrying", journal=journal)
+                    await asyncio.sleep(delay)  # backoff between attempts
+                    delay = min(delay * 2, 2.0)
+                    continue
                 # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
                 # pipeline synced: that is as good as a pulse gets for it.
                 if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:

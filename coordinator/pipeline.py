@@ -81,6 +81,10 @@ class Pipeline:
         streams: list[tuple[ProcessId, FrameStream]] = []
         try:
             for pid, endpoint in route.peers(me):
+                if not endpoint:
+                    # A member whose key is gone while its assignment lives on (its key
+                    # deleted by hand, leases expiring as etcd wakes): not reachable yet.
+                    raise ConnectionError(f"no endpoint for {pid} (its member key is gone)")
                 stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT, ssl=ssl)
                 streams.append((pid, stream))
                 await stream.send(Hello(token=token))
