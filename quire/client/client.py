@@ -114,6 +114,10 @@ class Client:
             ssl = client_context(os.environ["QUIRE_TLS_CA"], os.environ.get("QUIRE_TLS_CERT"),
                                  os.environ.get("QUIRE_TLS_KEY"))
         self.routes = RouteCache(list(endpoints))
+        self.applied_revision = 0
+        """The etcd revision of this client's last Apply: appends and reads carry it as
+        `min_etcd_revision`, so a coordinator that has not yet seen a spec we just
+        applied waits for it (boundedly) instead of answering JOURNAL_NOT_FOUND."""
         self.pool = ConnectionPool(connect_timeout=connect_timeout, max_idle=max_idle,
                                    token=token, ssl=ssl)
         self.rpc_timeout = rpc_timeout
@@ -151,6 +155,7 @@ class Client:
         request = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
                                 union_registers=union_registers,
                                 subtract_registers=subtract_registers, suspend=suspend,
+                                min_etcd_revision=self.applied_revision,
                                 **(txn.fields() if txn is not None else {}))
         # Safe to re-send after an unknown outcome: an explicit offset cannot land
         # twice, nor can an identified transaction (the primary deduplicates it).
@@ -341,6 +346,7 @@ class Client:
             items.append(change)
         response = await self.unary(ApplyRequest(changes=tuple(items)), ApplyResponse,
                                     idempotent=False)
+        self.applied_revision = max(self.applied_revision, response.revision)
         return response.revision
 
     async def delete(self, name: str, *, expect_mod_revision: int | None = None) -> int:

@@ -144,7 +144,8 @@ class Reader:
             await conn.send(ReadRequest(
                 journal=self.journal, offset=self.offset, block=self.block,
                 do_not_proxy=self.from_store, metadata_only=self.metadata_only,
-                end_offset=self.end_offset))
+                end_offset=self.end_offset,
+                min_etcd_revision=getattr(self.client, "applied_revision", 0)))
             while True:
                 frame = await conn.read()
                 message = frame.message
