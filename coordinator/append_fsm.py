@@ -102,6 +102,7 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
         self.roll_to: int | None = None
         self.roll_registers: LabelSet | None = None
         self.roll_producers = None
+        self.roll_epoch = 0
         self.original: Fragment | None = None
         """An identified append that already committed: its original commit (the answer;
         nothing is written again). producers.py."""

@@ -90,6 +90,8 @@ class Decision:
     """A suspension to write into the spec before resolving again (resume)."""
     producers: ProducerSnapshot | None = None
     """With roll_to: the producer table of the peer rolled forward to (like registers)."""
+    epoch: int = 0
+    """With roll_to: the epoch of the content ending there (the roll proposal's epoch)."""
 
 
 _PLAIN = {s: Decision(s) for s in State}
@@ -126,11 +128,19 @@ def decide_start(pipeline_route: Route | None, pipeline_ok: bool, resolved: Rout
 
 
 def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
-                route: Route, revision: int) -> Decision:
-    """Gather the sync answers (Gazette's gatherSync), largest offset wins."""
+                route: Route, revision: int, our_epoch: int = 0) -> Decision:
+    """Gather the sync answers (Gazette's gatherSync), largest offset wins — except over
+    a peer whose tail is from an older epoch than our last commit (`our_epoch`, the
+    revision of the route we committed under): such a tail was committed by a primary
+    that failed mid-commit, and the journal has since acknowledged other content at
+    those offsets without that peer. We roll at our own end with our epoch, and the
+    peer discards its open fragment (spool.py, "supersede") instead of winning by
+    offset. An unknown epoch (0, e.g. after a restart) keeps largest-offset-wins."""
     roll_to: int | None = None
     registers: LabelSet | None = None
     producers: ProducerSnapshot | None = None
+    roll_epoch = 0
+    supersede = False
     read_through = 0
     for pid, resp in responses:
         if resp.status == Status.OK:
@@ -146,10 +156,14 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
         if resp.status == Status.PROPOSAL_MISMATCH and resp.fragment is not None:
             peer = resp.fragment
             if peer.end > ours.end:
+                if 0 < resp.epoch < our_epoch and peer.begin <= ours.end:
+                    supersede = True  # a stale tail: the peer drops it at our roll
+                    continue
                 # The peer has seen a larger offset: roll forward to it and take its
                 # registers, never re-writing an offset it may have committed.
                 if roll_to is None or peer.end > roll_to:
                     roll_to, registers, producers = peer.end, resp.registers, resp.producers
+                    roll_epoch = resp.epoch
                 continue
             if peer.end == ours.end and peer.begin == peer.end:
                 # The peer cannot extend our fragment (a new member): close it here.
@@ -162,7 +176,9 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
         return Decision(S.RESOLVE, read_through=read_through)
     if roll_to is not None:
         return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers,
-                        producers=producers)
+                        producers=producers, epoch=max(roll_epoch, our_epoch))
+    if supersede:
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=ours.end, epoch=our_epoch)
     return _PLAIN[S.UPDATE_ASSIGNMENTS]
 
 

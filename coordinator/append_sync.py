@@ -41,6 +41,7 @@ class PipelineSyncStates:
     roll_to: int | None
     roll_registers: LabelSet | None
     roll_producers: Any
+    roll_epoch: int
     _ticket: Any
 
     def _go(self, decision: Decision | State) -> None: ...
@@ -113,9 +114,10 @@ class PipelineSyncStates:
             producers = spool.producers.snapshot()
         if self.roll_to is not None:
             prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers,
-                                       producers=producers)
-            self._log.info("rolling spool in sync", roll_to=self.roll_to)
+                                       producers=producers, epoch=self.roll_epoch)
+            self._log.info("rolling spool in sync", roll_to=self.roll_to, epoch=self.roll_epoch)
             self.roll_to = self.roll_registers = self.roll_producers = None
+            self.roll_epoch = 0
         else:
             prop = spool.rollback_proposal(acknowledge=True, producers=producers)
         try:
@@ -134,7 +136,8 @@ class PipelineSyncStates:
         except Exception as exc:  # noqa: BLE001 - a broken peer fails this append
             await self.broker.teardown_pipeline(replica)
             return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
-        d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision)
+        d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision,
+                        replica.spool.epoch)
         if d.state is State.UPDATE_ASSIGNMENTS:
             pln.synced = True
             # Bytes the spool holds after a sync are part of the journal now (at worst
@@ -142,7 +145,7 @@ class PipelineSyncStates:
             replica.publish(replica.spool.end)
         elif d.state is State.SEND_PIPELINE_SYNC:
             self.roll_to, self.roll_registers = d.roll_to, d.registers
-            self.roll_producers = d.producers
+            self.roll_producers, self.roll_epoch = d.producers, d.epoch
         else:
             await self.broker.teardown_pipeline(replica)
             self.read_through = max(self.read_through, d.read_through)

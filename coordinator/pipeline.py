@@ -122,7 +122,7 @@ class Pipeline:
     def send_proposal(self, prop: ReplicateProposal, first: bool = False) -> ReplicateResponse:
         """Apply to the local spool, then forward. Returns the local spool's answer."""
         self._check()
-        local = self.spool.apply_proposal(prop, primary=True)
+        local = self.spool.apply_proposal(prop, primary=True, epoch=self.revision)
         if first:
             prop = msgspec.structs.replace(prop, header=self.header)
         self._send(encode_frame(prop))

@@ -104,6 +104,15 @@ class Replica:
         if not primary:
             self.publish(fragment.end)
 
+    def on_discarded(self, spool: Spool, fragment: Fragment) -> None:
+        """A sync superseded our open fragment (an old route's unacknowledged tail):
+        what we published of it is withdrawn; the spool restarts at `spool.end`."""
+        self.head = min(self.head, spool.end)
+        self.synced_end = min(self.synced_end, spool.end)
+        self._log.warning("stale tail discarded in sync", fragment_begin=fragment.begin,
+                          fragment_end=fragment.end, restart=spool.end)
+        self.wake()
+
     def on_closed(self, spool: Spool, fragment: Fragment, file: SpoolFile | None,
                   primary: bool) -> None:
         self.local.append(LocalFragment(fragment, file))

@@ -84,14 +84,14 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                                   current=str(now.route), at=now.header.etcd.revision)
                     await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
                     return False
-                resp = spool.apply_proposal(msg)
+                resp = spool.apply_proposal(msg, epoch=hdr.etcd.revision)
                 if msg.acknowledge:
                     if resp.status == Status.OK:
                         replica.note_synced(spool.end)
                     if not header_sent:
                         resp = ReplicateResponse(status=resp.status, header=res.header,
                                                  fragment=resp.fragment, registers=resp.registers,
-                                                 producers=resp.producers)
+                                                 producers=resp.producers, epoch=resp.epoch)
                         header_sent = True
                     conn.write(resp)
                     await conn.drain()

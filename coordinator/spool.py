@@ -15,8 +15,19 @@ primary independently:
   - rollback: the proposal equals the committed fragment (and registers): delta is
     discarded, the SHA-1 state restored, the file truncated.
   - commit: `delta != 0` and proposal == `next()`: adopt it, take registers, notify.
+  - supersede: an empty synchronizing roll at an offset *below* this spool's end, whose
+    `epoch` is newer than the epoch of this spool's last commit: the open fragment's
+    content is a tail no later route acknowledged (its primary failed mid-commit and
+    the journal moved on without this replica); it is discarded, never closed, and
+    the spool restarts empty at the proposal.
   - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers
-    (and producer table).
+    (and producer table and epoch).
+
+The **epoch** is the etcd revision of the route under which the spool's last commit
+was adopted (given by the driver: the replicate stream's or the pipeline's header).
+A sync compares epochs before offsets (append_rules.decide_sync): the largest offset
+wins only among tails of the newest epoch, so a replica that rejoins with an old,
+unacknowledged commit cannot outrun content acknowledged at the same offsets since.
 
 The producer table (producers.py) travels like the registers: a proposal's `mark` is
 recorded once the proposal is adopted (a commit, or a barrier that closes a history),
@@ -79,7 +90,8 @@ _OK = ReplicateResponse(status=Status.OK)
 
 class Spool:
     __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
-                 "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers")
+                 "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers",
+                 "epoch")
 
     def __init__(self, journal: str, *, files: FileFactory | None = None,
                  observer: SpoolObserver | None = None, begin: int = 0,
@@ -90,6 +102,8 @@ class Spool:
         self.producers = producers if producers is not None else ProducerTable(journal)
         """Identified transactions acted on (exactly-once appends, producers.py)."""
         self.fragment = Fragment(journal=journal, begin=begin, end=begin, codec=codec)
+        self.epoch = 0
+        """Route revision of the last commit (or of the state a roll adopted); 0 unknown."""
         self.registers = registers
         self.first_append_time = 0.0
         self.delta = 0
@@ -152,13 +166,14 @@ class Spool:
 
     def roll_proposal(self, offset: int | None = None, codec: Codec | None = None,
                       registers: LabelSet | None = None, acknowledge: bool = True,
-                      producers: ProducerSnapshot | None = None) -> ReplicateProposal:
+                      producers: ProducerSnapshot | None = None,
+                      epoch: int = 0) -> ReplicateProposal:
         at = self.fragment.end if offset is None else offset
         return ReplicateProposal(
             proposal=Fragment(journal=self.journal, begin=at, end=at,
                               codec=self.fragment.codec if codec is None else codec),
             registers=self.registers if registers is None else registers, acknowledge=acknowledge,
-            producers=producers)
+            producers=producers, epoch=epoch)
 
     def should_roll(self, length_target: int, codec: Codec, flush_interval: float,
                     now: float | None = None) -> bool:
@@ -179,9 +194,9 @@ class Spool:
     # -- transitions ----------------------------------------------------------------
 
     def apply(self, message: ReplicateProposal | object, payload: bytes | memoryview = b"",
-              *, primary: bool = False) -> ReplicateResponse | None:
+              *, primary: bool = False, epoch: int = 0) -> ReplicateResponse | None:
         if isinstance(message, ReplicateProposal):
-            return self.apply_proposal(message, primary=primary)
+            return self.apply_proposal(message, primary=primary, epoch=epoch)
         self.apply_content(getattr(message, "content_delta"), payload)
         return None
 
@@ -198,13 +213,20 @@ class Spool:
         self._hasher.update(data)
         self.delta += len(data)
 
-    def apply_proposal(self, msg: ReplicateProposal, *, primary: bool = False) -> ReplicateResponse:
+    def apply_proposal(self, msg: ReplicateProposal, *, primary: bool = False,
+                       epoch: int = 0) -> ReplicateResponse:
+        """`epoch`: the revision of the route this proposal comes under (a commit
+        adopted here records it)."""
         prop = msg.proposal
         if prop.journal != self.journal:
             return self._mismatch()
         end = self.fragment.end
         if prop.end > end + self.delta or (prop.end == end and prop.begin == prop.end):
             self._roll(prop, msg.registers, primary, msg.producers)
+            self.epoch = max(self.epoch, msg.epoch)
+        elif self._superseded_by(msg):
+            self._discard_open(prop, msg)
+            return _OK
 
         if prop == self.fragment and msg.registers == self.registers:
             self._rollback()
@@ -214,6 +236,8 @@ class Spool:
 
         if self.delta != 0 and prop == self.next():
             self._commit(prop, msg.registers, primary)
+            if epoch:
+                self.epoch = epoch
             if msg.mark is not None:
                 self.producers.apply(msg.mark)
             return _OK
@@ -251,7 +275,37 @@ class Spool:
 
     def _mismatch(self) -> ReplicateResponse:
         return ReplicateResponse(status=Status.PROPOSAL_MISMATCH, fragment=self.fragment,
-                                 registers=self.registers, producers=self.producers.snapshot())
+                                 registers=self.registers, producers=self.producers.snapshot(),
+                                 epoch=self.epoch)
+
+    def _superseded_by(self, msg: ReplicateProposal) -> bool:
+        """An empty synchronizing roll below our end, from a newer epoch than our last
+        commit's, reaching into our open fragment (see the module docstring)."""
+        prop = msg.proposal
+        return (prop.begin == prop.end and 0 < self.epoch < msg.epoch
+                and self.fragment.begin <= prop.end < self.fragment.end)
+
+    def _discard_open(self, prop: Fragment, msg: ReplicateProposal) -> None:
+        """Drop the open fragment (never closed: not served, not persisted) and restart
+        empty at `prop`, taking the proposal's registers, producers and epoch."""
+        dropped = self.fragment
+        self._rollback()
+        if self._file is not None:
+            self._file.discard()
+        self.registers = msg.registers
+        if msg.producers is not None:
+            self.producers.restore(msg.producers)
+        self.fragment = Fragment(journal=self.journal, begin=prop.end, end=prop.end,
+                                 sum=EMPTY_SUM, codec=prop.codec)
+        self.epoch = msg.epoch
+        self.delta = 0
+        self._hasher = _EMPTY_SHA1.copy()
+        self._saved = _EMPTY_SHA1.copy()
+        self._file = None
+        self.first_append_time = 0.0
+        on_discarded = getattr(self._observer, "on_discarded", None)
+        if on_discarded is not None:
+            on_discarded(self, dropped)
 
     def _rollback(self) -> None:
         if self.delta:

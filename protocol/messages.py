@@ -169,6 +169,11 @@ class ReplicateProposal(Message, frozen=True):
     producers: ProducerSnapshot | None = None
     """The primary's whole producer table, on synchronizing proposals: adopted by a
     replica that this proposal rolls forward."""
+    epoch: int = 0
+    """On a synchronizing roll: the epoch (etcd revision of the route it was committed
+    under) of the content that ends at the proposal's offset. A replica that is ahead
+    of the proposal with content of an older epoch holds a tail no later route
+    acknowledged: it discards its open fragment and restarts at the proposal (spool.py)."""
 
 
 class ReplicateContent(Message, frozen=True):
@@ -189,6 +194,8 @@ class ReplicateResponse(Message, frozen=True):
     producers: ProducerSnapshot | None = None
     """On PROPOSAL_MISMATCH: the replica's producer table (taken with its registers by a
     primary that rolls forward to it)."""
+    epoch: int = 0
+    """On PROPOSAL_MISMATCH: the epoch of the replica's last commit (0: unknown)."""
 
 
 # -- topology & metadata ----------------------------------------------------------------
