@@ -16,7 +16,7 @@ from quire.client.client import Client
 from protocol import FragmentSpec, JournalSpec
 from tools.services import free_port
 
-from .workers_support import coordinator
+from .workers_support import appendable, coordinator
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,13 +35,6 @@ async def until(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.1)  # polling other processes' observable state
 
-
-async def _appendable(qc: Client) -> bool:
-    try:
-        await qc.append(J, b"", retry_timeout=2)
-        return True
-    except Exception:  # noqa: BLE001 - the route is still forming
-        return False
 
 
 async def _read(qc: Client, end: int) -> bytes:
@@ -75,7 +68,7 @@ async def test_sigterm_rolls_persists_and_a_restart_appends_on(
         # 1 MiB fragments: nothing rolls while appending, so every byte is in the spool.
         await qc.apply([JournalSpec(name=J, replication=1, fragment=FragmentSpec(
             length=1 << 20, compression_codec="none", stores=(file_store,)))])
-        await until(lambda: _appendable(qc), 30, "the journal to accept appends")
+        await until(lambda: appendable(qc, J), 30, "the journal to accept appends")
         records = [b"record %03d\n" % i * 7 for i in range(20)]
         results = [await qc.append(J, r) for r in records]
         content, end = b"".join(records), results[-1].end

@@ -15,7 +15,7 @@ from tests.coordinator.cluster import Conn
 from tools.services import free_port
 
 from .test_workers_e2e import until
-from .workers_support import coordinator, s3_url
+from .workers_support import appendable, coordinator, s3_url
 
 J = "acme/proxied/part-000"
 
@@ -34,7 +34,7 @@ async def test_read_of_persisted_content_through_a_non_member(
     try:
         await qc.apply([JournalSpec(name=J, replication=1, fragment=FragmentSpec(
             length=1024, compression_codec="gzip", stores=(url,), refresh_interval=1.0))])
-        await until(lambda: _appendable(qc), 30, "the journal to accept appends")
+        await until(lambda: appendable(qc, J), 30, "the journal to accept appends")
         start_worker(queues=("persist", "index"))
         a, b = os.urandom(3000), os.urandom(3000)
         ra = await qc.append(J, a)
@@ -68,11 +68,3 @@ async def test_read_of_persisted_content_through_a_non_member(
 def _persisted(redis_db) -> bool:  # type: ignore[no-untyped-def]
     raw = redis_db.client.get(f"quire:index:{J}")
     return bool(raw) and len(CoverSet.from_json(raw)) >= 1
-
-
-async def _appendable(qc: Client) -> bool:
-    try:
-        await qc.append(J, b"", retry_timeout=2)
-        return True
-    except Exception:  # noqa: BLE001 - the route is still forming
-        return False

@@ -23,7 +23,7 @@ from .fragment_server import FragmentServer, make_fragment
 from .test_workers_e2e import until
 from .test_workers_index import put_fragment, s3_store
 from .test_workers_prune import put_retained_journal, run
-from .workers_support import coordinator, s3_url
+from .workers_support import appendable, coordinator, s3_url
 
 J = "acme/e2e/pruned"
 
@@ -42,7 +42,7 @@ async def test_reader_from_zero_jumps_to_the_first_retained_byte_after_prune(
         await qc.apply([JournalSpec(name=J, replication=1, fragment=FragmentSpec(
             length=1024, compression_codec="gzip", stores=(url,), refresh_interval=1.0,
             retention=2.0))])
-        await until(lambda: _appendable(qc), 30, "the journal to accept appends")
+        await until(lambda: appendable(qc, J), 30, "the journal to accept appends")
         start_worker(queues=("persist", "index", "pulse", "prune"))
         # Each 3,000-byte append rolls the one before (length 1,024): three fragments.
         parts = [os.urandom(3000) for _ in range(3)]
@@ -83,13 +83,6 @@ async def test_reader_from_zero_jumps_to_the_first_retained_byte_after_prune(
         await qc.close()
         coord.close()
 
-
-async def _appendable(qc: Client) -> bool:
-    try:
-        await qc.append(J, b"", retry_timeout=2)
-        return True
-    except Exception:  # noqa: BLE001 - the route is still forming
-        return False
 
 
 async def _or_none(coro):  # type: ignore[no-untyped-def]

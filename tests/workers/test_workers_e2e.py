@@ -20,7 +20,7 @@ from quire.client.client import Client
 from protocol import FragmentSpec, JournalSpec
 from tools.services import free_port
 
-from .workers_support import coordinator, s3_url, scrape
+from .workers_support import appendable, coordinator, s3_url, scrape
 
 J = "acme/e2e/part-000"
 
@@ -53,7 +53,7 @@ async def test_append_roll_persist_index_drop_and_cold_read(
     try:
         await qc.apply([JournalSpec(name=J, replication=1, fragment=FragmentSpec(
             length=1024, compression_codec="gzip", stores=(store_url,), refresh_interval=1.0))])
-        await until(lambda: _appendable(qc), 30, "the journal to accept appends")
+        await until(lambda: appendable(qc, J), 30, "the journal to accept appends")
 
         a = os.urandom(3000)
         b = b"line\n" * 600
@@ -104,13 +104,6 @@ async def test_append_roll_persist_index_drop_and_cold_read(
         coord.close()
 
 
-async def _appendable(qc: Client) -> bool:
-    try:
-        await qc.append(J, b"", retry_timeout=2)
-        return True
-    except Exception:  # noqa: BLE001 - the route is still forming
-        return False
-
 
 async def _read_or_none(c: Client, begin: int, end: int) -> bytes | None:
     try:
@@ -143,7 +136,7 @@ async def test_redis_outage_appends_and_reads_continue_then_persistence_catches_
             start_worker(queues=("persist", "index"), redis_url=rds.url)
             await qc.apply([JournalSpec(name=J, replication=1, fragment=FragmentSpec(
                 length=1024, compression_codec="zstd", stores=(store_url,), refresh_interval=1.0))])
-            await until(lambda: _appendable(qc), 30, "the journal to accept appends")
+            await until(lambda: appendable(qc, J), 30, "the journal to accept appends")
 
             rds.stop()
             written = b""

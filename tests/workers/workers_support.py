@@ -129,3 +129,12 @@ def scrape(port: int, metric: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name[len(metric):]] = float(value)
     return out
+
+
+async def appendable(client: Any, journal: str) -> bool:
+    """True once `journal` takes a (zero-byte) append: its route formed and synced."""
+    try:
+        await client.append(journal, b"", retry_timeout=2)
+        return True
+    except Exception:  # noqa: BLE001 - the route is still forming
+        return False
