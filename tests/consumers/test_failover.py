@@ -41,7 +41,8 @@ from protocol import LabelSet, parse_selector
 from protocol.errors import RegisterMismatch
 from protocol.shard import ShardSource, ShardSpec, ShardStatus
 from quire.client import Client
-from topology.shards import ShardChange, apply_shards, consumer_root, read_primaries
+from topology.shards import (ShardChange, apply_shards, consumer_root, guard_key, read_primaries,
+                             request_checkpoint)
 
 from .conftest import create_journals, journal, wait_for
 
@@ -187,6 +188,16 @@ async def test_kill9_moves_shards_and_counts_match_model(coordinators, member_fa
             counts = collections.Counter(holder for holder, _ in locks.values())
             victim = next(m for m in members if m.id == counts.most_common(1)[0][0])
             moved = sorted(s for s, (holder, _) in locks.items() if holder == victim.id)
+
+            async def snapshotted() -> bool:  # the guard of a log is written after a snapshot
+                return all([await etcd_client.get(guard_key(etcd_root, f"recovery/{s}").encode())
+                            for s in moved])
+
+            # Each shard about to move takes a snapshot now (a checkpoint notice), so its
+            # new primary restores one and replays only the log after it.
+            for s in moved:
+                await request_checkpoint(etcd_client, etcd_root, s)
+            await wait_for(snapshotted, 30, "a snapshot of every shard about to move")
             # Kill -9 while the rest of the input streams in.
             writing = asyncio.create_task(write(client, first, MESSAGES, SHARDS))
             await asyncio.sleep(0.2)  # let some of the stream land before the kill
