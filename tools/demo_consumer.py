@@ -19,16 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
 from protocol.shard import ShardSource, ShardSpec
 from quire.client import Client
 from topology.etcd import connect
+from tools.output import make_console, make_table
 from topology.shards import ShardChange, apply_shards, list_statuses
 
-console = Console()
+console = make_console()
 WAIT = 60.0
 OUTPUT = "demo/counts/totals"
 
@@ -84,16 +82,13 @@ async def _run(endpoints: list[str], etcd_url: str, root: str, store: str, expec
                        and s.sources and s.state.value == "PRIMARY" for s in status):
                     break
                 await asyncio.sleep(0.2)
-            view = Table(title="quire shards list")
-            for col in ("id", "state", "primary", "read-through"):
-                view.add_column(col, overflow="fold")
+            view = make_table("quire shards list", ("id", "state", "primary", "read-through"))
             for s in status:
                 view.add_row("demo-counts", s.state.value, s.member,
                              "\n".join(f"{x.journal}@{x.offset} (lag {x.lag})" for x in s.sources))
             console.print(view)
-            top = Table(title=f"counts per key from {OUTPUT} (top 5 of {len(totals)})")
-            top.add_column("key")
-            top.add_column("count", justify="right")
+            top = make_table(f"counts per key from {OUTPUT} (top 5 of {len(totals)})",
+                             ("key", "count"))
             for key, n in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:5]:
                 top.add_row(key, str(n))
             console.print(top)
