@@ -24,6 +24,7 @@ reprocesses uncommitted input) repeated — at-least-once until exactly-once app
 
 from __future__ import annotations
 
+import abc
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +70,9 @@ class Shard:
 _json = msgspec.json.Decoder()
 
 
-class App:
-    """Base class with the defaults; override `handle` at least."""
+class App(abc.ABC):
+    """Base class with the defaults; a subclass must define `handle` (instantiating one
+    that does not is a TypeError, which `load_app` reports as a ValidationError)."""
 
     def decode(self, line: bytes) -> Any:
         return _json.decode(line)
@@ -78,8 +80,9 @@ class App:
     def init(self, shard: Shard) -> None:
         pass
 
+    @abc.abstractmethod
     def handle(self, shard: Shard, msg: Message) -> None:
-        raise NotImplementedError
+        """Read and write `shard.store`, publish with `shard.publish`; one message."""
 
     def before_commit(self, shard: Shard) -> None:
         pass
@@ -102,10 +105,13 @@ def load_app(spec: str) -> App:
         if not hasattr(obj, part):
             raise ValidationError("app", f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if isinstance(obj, type):
-        obj = obj()
-    elif not hasattr(obj, "handle") and callable(obj):
-        obj = obj()
+    try:
+        if isinstance(obj, type):
+            obj = obj()
+        elif not hasattr(obj, "handle") and callable(obj):
+            obj = obj()
+    except TypeError as exc:  # e.g. an App subclass without `handle`
+        raise ValidationError("app", f"{spec!r}: cannot make the app: {exc}") from None
     if not callable(getattr(obj, "handle", None)):
         raise ValidationError("app", f"{spec!r} is not an App (it has no handle method)")
     for name, default in (("decode", App.decode), ("init", App.init),

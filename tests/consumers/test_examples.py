@@ -60,3 +60,19 @@ def test_join_keeps_state_in_the_store_across_transactions(tmp_path) -> None:  #
     assert out == [{"key": "k1", "left": {"key": "k1", "order": 1}, "right": {"key": "k1", "ship": "a"}},
                    {"key": "k2", "left": {"key": "k2", "order": 2}, "right": {"key": "k2", "ship": "b"}}]
     assert shard.store.get("l/k1") is not None and shard.store.get("r/k2") is not None
+
+
+def test_an_app_class_without_handle_is_refused_naming_the_app(monkeypatch) -> None:  # noqa: ANN001
+    import sys
+    import types
+
+    import pytest
+
+    from consumers.app import App
+    from protocol.errors import ValidationError
+
+    module = types.ModuleType("quire_test_apps")
+    module.NoHandle = type("NoHandle", (App,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "quire_test_apps", module)
+    with pytest.raises(ValidationError, match="quire_test_apps:NoHandle.*cannot make the app"):
+        load_app("quire_test_apps:NoHandle")
