@@ -196,5 +196,17 @@ async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0,
         await asyncio.sleep(0.1)  # retry a barrier while the route forms
 
 
+async def serve_journal(cluster: Cluster, journal: str, replication: int = 3) -> None:
+    """Every node listening, `journal` applied at `replication` and taking appends."""
+    for n in cluster.nodes:
+        await cluster.wait_listening(n)
+    conn = await Conn.open(cluster.nodes[0].endpoint)
+    try:
+        assert (await conn.apply(spec(journal, replication=replication))).status == Status.OK
+    finally:
+        await conn.close()
+    assert (await wait_appendable(cluster.nodes[0].endpoint, journal)).status == Status.OK
+
+
 def make_workdir() -> str:
     return tempfile.mkdtemp(prefix="quire-coord-")

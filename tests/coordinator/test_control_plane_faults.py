@@ -28,7 +28,7 @@ from protocol.errors import QuireError
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, make_workdir, serve_journal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,12 +118,7 @@ async def _until(pred, timeout: float):
 @pytest.mark.parametrize("fault", ["delete-member-key", "revoke-lease", "compact"])
 async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etcd, fault: str) -> None:
     c = cluster3
-    for n in c.nodes:
-        await c.wait_listening(n)
-    conn = await Conn.open(c.nodes[0].endpoint)
-    assert (await conn.apply(spec(J, replication=3))).status == Status.OK
-    await conn.close()
-    assert (await wait_appendable(c.nodes[0].endpoint, J)).status == Status.OK
+    await serve_journal(c, J)
 
     etcd_client = await connect(etcd.url)
     client = Client([n.endpoint for n in c.nodes], retry_timeout=30.0)

@@ -21,11 +21,11 @@ import time
 
 import pytest
 
-from protocol import ProcessId, Status
+from protocol import ProcessId
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, make_workdir, serve_journal
 from .test_control_plane_faults import J, Writer
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,12 +61,7 @@ async def _poll(pred, timeout: float, step: float = 0.02) -> float:
 
 async def test_appends_resume_within_ttl_plus_2s_after_a_primary_kill(cluster4: Cluster, etcd) -> None:
     c = cluster4
-    for n in c.nodes:
-        await c.wait_listening(n)
-    conn = await Conn.open(c.nodes[0].endpoint)
-    assert (await conn.apply(spec(J, replication=3))).status == Status.OK
-    await conn.close()
-    assert (await wait_appendable(c.nodes[0].endpoint, J)).status == Status.OK
+    await serve_journal(c, J)
     etcd_client = await connect(etcd.url)
     client = Client([n.endpoint for n in c.nodes], retry_timeout=30.0)
     writer = Writer(client)
