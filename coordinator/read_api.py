@@ -5,6 +5,12 @@ closed local fragments, or — once persisted — from the store (streamed by us
 to the client as `fragment_url` when it asked `do_not_proxy`). A blocking read parks on
 the replica's wake-up future, which the spool's commit observer (or the pipeline's
 acknowledgement) resolves: no polling.
+
+Gaps: a member can lack committed bytes below its write head — after a crash its open
+spool is dropped and a sync rolls it forward past bytes only its peers (or, once
+persisted, the store) hold. Such a gap is filled from the peers (`held_only` reads
+relayed to the reader); only what no peer holds either (pruned, or lost by every
+replica) is skipped, the reader's offset jumping to the next readable byte.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from . import metrics
 
 log = get_logger(__name__)
 
+METADATA_SENT = -1
 READ_CHUNK = 1 << 17
 FETCH_CHUNK = 1 << 20
 
@@ -58,7 +65,7 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
     replica = broker.replica(req.journal)
     gone = _Gone(conn)
     try:
-        keep = await _stream(conn, req, res, replica, gone)
+        keep = await _stream(broker, conn, req, res, replica, gone)
     finally:
         intact = await gone.stop()
     return keep and intact
@@ -94,19 +101,34 @@ class _Gone:
         return task.cancelled()
 
 
-async def _stream(conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone) -> bool:  # noqa: ANN001
+async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone) -> bool:  # noqa: ANN001
     offset = replica.write_head if req.offset == -1 else req.offset
     first = True
+    asked_peers_at = -1
     while True:
         if req.end_offset and offset >= req.end_offset:
             return True
         found = replica.lookup(offset)
         if found is None:
             jump = replica.next_offset_after_gap(offset)
-            if jump is not None and offset < replica.write_head:
-                offset = jump  # bytes skipped by a roll forward were never written
+            below_head = offset < replica.write_head
+            if below_head and not req.held_only and asked_peers_at != offset:
+                # Written (below the head) but not here: a peer may hold it.
+                asked_peers_at = offset
+                gap_end = min(e for e in (jump, replica.write_head, req.end_offset or None)
+                              if e is not None)
+                reached = await _fill_gap(broker, conn, req, res, offset, gap_end)
+                if reached is None:
+                    return False  # the reader went away while we relayed
+                if reached == METADATA_SENT:
+                    return True
+                if reached > offset:
+                    offset, first = reached, False
+                    continue
+            if jump is not None and below_head and not req.held_only:
+                offset = jump  # no member holds these bytes (pruned, or lost by all)
                 continue
-            if not req.block:
+            if not req.block or req.held_only:
                 await conn.send(ReadResponse(status=Status.OFFSET_NOT_YET_AVAILABLE,
                                              header=res.header if first else None,
                                              offset=offset, write_head=replica.write_head))
@@ -183,11 +205,11 @@ async def _stream_stored(conn: FrameStream, frag, offset: int, end_offset: int) 
     return offset
 
 
-async def _connect_member(res, peer: dict) -> FrameStream | None:  # noqa: ANN001
-    """A handshaken connection to a member of the route (any will do; one that is down,
-    its lease not yet expired, is skipped), presenting our derived token; None if none
+async def _connect_member(endpoints, peer: dict) -> FrameStream | None:  # noqa: ANN001
+    """A handshaken connection to one of `endpoints` (any will do; one that is down, its
+    lease not yet expired, is skipped), presenting our derived token; None if none
     answers."""
-    for endpoint in [e for e in res.route.endpoints if e]:
+    for endpoint in [e for e in endpoints if e]:
         upstream: FrameStream | None = None
         try:
             upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
@@ -201,49 +223,98 @@ async def _connect_member(res, peer: dict) -> FrameStream | None:  # noqa: ANN00
     return None
 
 
-async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
-    """Forward to a member with our derived READ token (`peer`: Host.peer_auth).
+async def _relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, header,  # noqa: ANN001
+                 offset: int, *, end_offset: int, held_only: bool = False,
+                 relay_refusal: bool = True) -> tuple[int, Status | None]:
+    """Read [offset, end_offset) (0: no end) at `upstream` with `do_not_proxy`, relaying
+    its frames to `conn`; returns the offset reached and how the upstream's RPC ended.
 
-    The member is asked with `do_not_proxy` (no second hop), which also tells it the
-    reader fetches persisted fragments itself: for such a fragment it answers with the
-    URL and ends its RPC. Our client did not ask for that, so we stream the fragment
-    from the store ourselves and ask the member again from its end. We end our RPC where
-    the member's ends: a non-OK status, metadata only, `end_offset` reached."""
-    upstream = await _connect_member(res, peer or {})
+    `do_not_proxy` also tells the upstream the reader fetches persisted fragments itself:
+    for such a fragment it answers with the URL and ends its RPC. Our reader did not ask
+    for that, so we stream the fragment from the store ourselves and ask again from its
+    end. A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
+    upstream connection ends it with None."""
+    while True:
+        await upstream.send(ReadRequest(
+            journal=req.journal, header=header, offset=offset,
+            block=req.block and not held_only, do_not_proxy=True,
+            metadata_only=req.metadata_only, end_offset=end_offset,
+            begin_mod_time=req.begin_mod_time, held_only=held_only))
+        while True:
+            try:
+                frame = await upstream.read()
+            except ProtocolError:
+                return offset, None
+            msg = frame.message
+            if isinstance(msg, ReadResponse) and msg.status != Status.OK:
+                if relay_refusal:
+                    conn.write(msg, frame.payload)
+                    await conn.drain()
+                return offset, msg.status
+            conn.write(msg, frame.payload)
+            await conn.drain()
+            if isinstance(msg, ReadResponse):
+                if req.metadata_only:
+                    return offset, Status.OK
+                offset = msg.offset
+                if msg.fragment_url and msg.fragment is not None:
+                    offset = await _stream_stored(conn, msg.fragment, offset, end_offset)
+                    break  # the upstream ended its RPC at the URL: ask again from here
+            elif isinstance(msg, ReadContent):
+                offset = msg.offset + len(frame.payload)
+            if end_offset and offset >= end_offset:
+                return offset, Status.OK
+        if end_offset and offset >= end_offset:
+            return offset, Status.OK
+
+
+async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
+    """Forward to a member with our derived READ token (`peer`: Host.peer_auth); the
+    member is asked with `do_not_proxy` (no second hop). We end our RPC where the
+    member's ends: a non-OK status, metadata only, `end_offset` reached."""
+    upstream = await _connect_member(res.route.endpoints, peer or {})
     if upstream is None:
         await conn.send(ReadResponse(status=Status.UNAVAILABLE, header=res.header,
                                      message="no member of the route is reachable"))
         return True
-    offset = req.offset
     try:
-        while True:
-            await upstream.send(ReadRequest(
-                journal=req.journal, header=res.header, offset=offset, block=req.block,
-                do_not_proxy=True, metadata_only=req.metadata_only, end_offset=req.end_offset,
-                begin_mod_time=req.begin_mod_time))
-            while True:
-                try:
-                    frame = await upstream.read()
-                except ProtocolError:
-                    return False
-                msg = frame.message
-                conn.write(msg, frame.payload)
-                await conn.drain()
-                if isinstance(msg, ReadResponse):
-                    if msg.status != Status.OK or req.metadata_only:
-                        return True
-                    offset = msg.offset
-                    if msg.fragment_url and msg.fragment is not None:
-                        offset = await _stream_stored(conn, msg.fragment, offset, req.end_offset)
-                        break  # the member ended its RPC at the URL: ask again from here
-                elif isinstance(msg, ReadContent):
-                    offset = msg.offset + len(frame.payload)
-                if req.end_offset and offset >= req.end_offset:
-                    return True
-            if req.end_offset and offset >= req.end_offset:
-                return True
+        _, ended = await _relay(conn, upstream, req, res.header, req.offset,
+                                end_offset=req.end_offset)
+        return ended is not None  # a member lost mid-read: our reader retries elsewhere
     finally:
         await upstream.close()
+
+
+async def _fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int,  # noqa: ANN001
+                    gap_end: int) -> int | None:
+    """Relay [offset, gap_end) from the peers that hold it, each asked `held_only` from
+    where the last one stopped (one that fails mid-relay too); returns the offset
+    reached (== offset: no peer holds it), None if our reader's connection failed, or
+    METADATA_SENT when a metadata-only read was answered by a peer."""
+    me = getattr(broker, "me", None)
+    peer_auth = getattr(broker, "peer_auth", None)
+    auth = peer_auth(Capability.READ, req.journal) if peer_auth else {}
+    for _, endpoint in res.route.peers(me):
+        if offset >= gap_end:
+            break
+        upstream = await _connect_member([endpoint], auth)
+        if upstream is None:
+            continue
+        try:
+            reached, ended = await _relay(conn, upstream, req, res.header, offset,
+                                          end_offset=gap_end, held_only=True,
+                                          relay_refusal=False)
+        except (ConnectionError, OSError):
+            return None
+        finally:
+            await upstream.close()
+        if req.metadata_only and ended == Status.OK:
+            return METADATA_SENT
+        if reached > offset:
+            log.info("read gap filled from a peer", journal=req.journal, begin=offset,
+                     end=reached, peer=endpoint)
+            offset = reached
+    return offset
 
 
 async def serve_fetch(broker, conn: FrameStream, req: FetchFragmentRequest) -> bool:  # noqa: ANN001
@@ -276,8 +347,8 @@ async def serve_list_fragments(broker, conn: FrameStream, req: ListFragmentsRequ
     if not res.is_member:
         # We hold nothing of this journal: a member's listing, not an empty one.
         peer_auth = getattr(broker, "peer_auth", None)
-        upstream = await _connect_member(res, peer_auth(Capability.READ, req.journal)
-                                         if peer_auth else {})
+        upstream = await _connect_member(res.route.endpoints,
+                                         peer_auth(Capability.READ, req.journal) if peer_auth else {})
         if upstream is None:
             await conn.send(ListFragmentsResponse(status=Status.UNAVAILABLE, header=res.header))
             return True

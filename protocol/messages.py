@@ -132,6 +132,10 @@ class ReadRequest(Message, frozen=True):
     """0 = no end; otherwise stop before this offset."""
     begin_mod_time: int = 0
     min_etcd_revision: int = 0
+    held_only: bool = False
+    """A member filling a gap of its own asks its peers with this (and `do_not_proxy`):
+    serve only what you hold (spool, local fragments, store); at the first offset you do
+    not hold, answer OFFSET_NOT_YET_AVAILABLE instead of skipping ahead or asking on."""
 
 
 class ReadResponse(Message, frozen=True):
