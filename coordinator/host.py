@@ -20,7 +20,8 @@ from protocol.logs import get_logger
 
 from . import metrics
 from .auth_gate import PeerTokens
-from .recovery import RecoveredFragments, read_heads, scan_spool_dir
+from .producer_log import LOG_FILE, LoggedProducerTable
+from .recovery import RecoveredFragments, journals_with_marks, read_heads, scan_spool_dir
 from .replica import LocalPersister, Persister, Replica
 from .spool import DiskFiles
 
@@ -100,7 +101,13 @@ class Host:
         r = self.replicas.get(journal)
         if r is None:
             r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
-            r.adopt_local(self.recovered.take(journal))
+            local = self.recovered.take(journal)
+            r.adopt_local(local)
+            # The producer table, replayed from the marks log a previous run left (only
+            # marks of bytes in sealed fragments: the open spool did not survive).
+            r.spool.producers = LoggedProducerTable.open(
+                journal, self.files.root / journal / LOG_FILE, self.recovered.take_marks(journal),
+                max((lf.fragment.end for lf in local), default=0))
             head = self.recovered.take_head(journal)
             if head is not None:
                 r.resume_at(head)
@@ -125,7 +132,8 @@ class Host:
             return entry.spec.fragment.compression_codec if entry is not None else None
 
         self.recovered = RecoveredFragments(scan_spool_dir(self.files, codec_of),
-                                            read_heads(self.files, journals), self.files)
+                                            read_heads(self.files, journals), self.files,
+                                            journals_with_marks(self.files, journals))
         for journal, frags in self.recovered.by_journal.items():
             log.info("re-queueing closed fragments of a previous run", journal=journal,
                      count=len(frags), end=frags[-1].fragment.end)
@@ -149,6 +157,9 @@ class Host:
             replica.spool_lock.release()
 
     def _on_closed(self, fragment: Fragment, path: str | None, primary: bool) -> None:
+        r = self.replicas.get(fragment.journal)
+        if r is not None and isinstance(r.spool.producers, LoggedProducerTable):
+            r.spool.producers.sealed(fragment.end)  # after the file's seal (producer_log.py)
         closed = getattr(self.persister, "closed", None)
         if closed is not None:
             closed(fragment, path, primary)  # the Celery persister's non-blocking form

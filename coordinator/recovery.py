@@ -21,6 +21,12 @@ there (`Replica.resume_at`) and deletes the file, so a plain append continues at
 head. A crash leaves no (current) head: the spool then starts at 0 as before, and the
 index or the recovered fragments refuse appends below their end. A head only ever
 moves the spool forward, and a pipeline sync rolls it further to any peer's end.
+
+Graceful or not, a replica also leaves its marks log
+(`<spool_dir>/<journal>/.producers.log`, producer_log.py): the producer table's crash
+record. `journals_with_marks` finds the logs of existing journals; the replica that
+hosts the journal again replays its log (`RecoveredFragments.take_marks`), keeping only
+the marks of transactions whose bytes are in sealed fragments.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import msgspec
 from protocol.logs import get_logger
 from protocol import Codec, Fragment, LabelSet, ProducerSnapshot
 
+from .producer_log import LOG_FILE
 from .replica import LocalFragment
 from .spool import DiskFile, DiskFiles
 
-__all__ = ["Head", "RecoveredFragments", "read_heads", "scan_spool_dir", "write_head"]
+__all__ = ["Head", "RecoveredFragments", "journals_with_marks", "read_heads", "scan_spool_dir",
+           "write_head"]
 
 log = get_logger(__name__)
 
@@ -81,6 +89,11 @@ def read_heads(files: DiskFiles, journals: Iterable[str]) -> dict[str, Head]:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("ignoring an unreadable write head", path=str(path), error=repr(exc))
     return heads
+
+
+def journals_with_marks(files: DiskFiles, journals: Iterable[str]) -> set[str]:
+    """The existing `journals` for which a previous run left a marks log."""
+    return {j for j in journals if (files.root / j / LOG_FILE).is_file()}
 
 
 def scan_spool_dir(files: DiskFiles, codec_of: Callable[[str], Codec | None]
@@ -133,10 +146,23 @@ class RecoveredFragments:
     """Recovered fragments (and heads) of journals we do not (yet) host again."""
 
     def __init__(self, by_journal: dict[str, list[LocalFragment]],
-                 heads: dict[str, Head] | None = None, files: DiskFiles | None = None) -> None:
+                 heads: dict[str, Head] | None = None, files: DiskFiles | None = None,
+                 marks: set[str] | None = None) -> None:
         self.by_journal = by_journal
         self.heads = heads or {}
         self._files = files
+        self.marks = marks or set()
+
+    def take_marks(self, journal: str) -> bytes | None:
+        """A journal's marks log from a previous run, once (None: none, or taken)."""
+        if journal not in self.marks or self._files is None:
+            return None
+        self.marks.discard(journal)
+        try:
+            return (self._files.root / journal / LOG_FILE).read_bytes()
+        except OSError as exc:
+            log.warning("ignoring an unreadable marks log", journal=journal, error=repr(exc))
+            return None
 
     def take_head(self, journal: str) -> Head | None:
         """A journal's recorded head, once: the file goes as its replica adopts it."""
