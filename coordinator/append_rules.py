@@ -92,6 +92,8 @@ class Decision:
     """With roll_to: the producer table of the peer rolled forward to (like registers)."""
     epoch: int = 0
     """With roll_to: the epoch of the content ending there (the roll proposal's epoch)."""
+    epoch_begin: int = 0
+    """With epoch: the offset at which that epoch's content begins."""
 
 
 _PLAIN = {s: Decision(s) for s in State}
@@ -127,21 +129,37 @@ def decide_start(pipeline_route: Route | None, pipeline_ok: bool, resolved: Rout
     return _PLAIN[S.SEND_PIPELINE_SYNC]
 
 
-def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
-                route: Route, revision: int, our_epoch: int = 0) -> Decision:
-    """Gather the sync answers (Gazette's gatherSync), largest offset wins — except over
-    a peer whose tail is from an older epoch than our last commit (`our_epoch`, the
-    revision of the route we committed under): such a tail was committed by a primary
-    that failed mid-commit, and the journal has since acknowledged other content at
-    those offsets without that peer. We roll at our own end with our epoch, and the
-    peer discards its open fragment (spool.py, "supersede") instead of winning by
-    offset. An unknown epoch (0, e.g. after a restart) keeps largest-offset-wins."""
-    roll_to: int | None = None
+@dataclass(frozen=True, slots=True, eq=False)
+class _Tail:
+    """One member's spool at a sync: its fragment and the epoch of its content."""
+
+    fragment: Fragment
+    epoch: int
+    epoch_begin: int
     registers: LabelSet | None = None
     producers: ProducerSnapshot | None = None
-    roll_epoch = 0
-    supersede = False
+    """A peer's registers and table (None: ours, kept as they are)."""
+    pid: str = "us"
+
+
+def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
+                route: Route, revision: int, our_epoch: int = 0,
+                our_epoch_begin: int = 0) -> Decision:
+    """Gather the sync answers (Gazette's gatherSync): epochs first, then offsets.
+
+    Every tail is of some epoch (the revision of the route its last commit came under;
+    0: unknown, e.g. a spool started after a restart). The newest epoch's content is
+    what the journal acknowledged last; a tail of an older epoch reaching past the
+    offset where the newest epoch begins is a stale tail — committed by a primary that
+    failed mid-commit, after which the journal acknowledged other bytes at those
+    offsets without that member (chaos seeds 5 and 3, docs/reliability.md). Stale
+    tails are cut at that offset (ours too: the roll proposal is applied to our own
+    spool first), then the largest remaining offset wins and everyone rolls to it,
+    taking its registers and producer table. Without a stale tail this is Gazette's
+    rule: roll forward to a peer that is ahead, never re-writing an offset it may have
+    committed."""
     read_through = 0
+    tails: list[_Tail] = []
     for pid, resp in responses:
         if resp.status == Status.OK:
             continue
@@ -154,32 +172,34 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
             return Decision(S.ERROR, Status.WRONG_ROUTE, f"peer {pid} disagrees on the route at "
                             f"revision {theirs.etcd.revision if theirs else '?'}")
         if resp.status == Status.PROPOSAL_MISMATCH and resp.fragment is not None:
-            peer = resp.fragment
-            if peer.end > ours.end:
-                if 0 < resp.epoch < our_epoch and peer.begin <= ours.end:
-                    supersede = True  # a stale tail: the peer drops it at our roll
-                    continue
-                # The peer has seen a larger offset: roll forward to it and take its
-                # registers, never re-writing an offset it may have committed.
-                if roll_to is None or peer.end > roll_to:
-                    roll_to, registers, producers = peer.end, resp.registers, resp.producers
-                    roll_epoch = resp.epoch
-                continue
-            if peer.end == ours.end and peer.begin == peer.end:
-                # The peer cannot extend our fragment (a new member): close it here.
-                roll_to = max(roll_to or 0, ours.end)
-                continue
-            return Decision(S.ERROR, Status.PROPOSAL_MISMATCH,
-                            f"peer {pid} has fragment {peer.begin}-{peer.end} vs ours {ours.begin}-{ours.end}")
+            tails.append(_Tail(resp.fragment, resp.epoch, resp.epoch_begin, resp.registers,
+                               resp.producers, str(pid)))
+            continue
         return Decision(S.ERROR, resp.status, f"peer {pid} answered the sync with {resp.status.name}")
     if read_through:
         return Decision(S.RESOLVE, read_through=read_through)
-    if roll_to is not None:
-        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=registers,
-                        producers=producers, epoch=max(roll_epoch, our_epoch))
-    if supersede:
-        return Decision(S.SEND_PIPELINE_SYNC, roll_to=ours.end, epoch=our_epoch)
-    return _PLAIN[S.UPDATE_ASSIGNMENTS]
+    if not tails:
+        return _PLAIN[S.UPDATE_ASSIGNMENTS]
+    mine = _Tail(ours, our_epoch, our_epoch_begin)
+    every = (mine, *tails)
+    newest = max(t.epoch for t in every)
+    begin = min(t.epoch_begin for t in every if t.epoch == newest)
+    stale = [t for t in every if 0 < t.epoch < newest and t.fragment.end > begin]
+    if not stale:
+        for t in tails:
+            peer = t.fragment
+            if peer.end < ours.end or (peer.end == ours.end and peer.begin != peer.end):
+                return Decision(S.ERROR, Status.PROPOSAL_MISMATCH,
+                                f"peer {t.pid} has fragment {peer.begin}-{peer.end} vs ours "
+                                f"{ours.begin}-{ours.end}")
+    # Each tail's end once a stale one is cut; the furthest wins (ours on a tie).
+    kept = [(min(t.fragment.end, begin) if t in stale else t.fragment.end, t is mine, t)
+            for t in every]
+    roll_to, _, winner = max(kept, key=lambda k: (k[0], k[1]))
+    if winner is mine:  # ours stand (cut or not), and so do our registers and table
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, epoch=newest, epoch_begin=begin)
+    return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=winner.registers,
+                    producers=winner.producers, epoch=newest, epoch_begin=begin)
 
 
 def decide_assignments(values: Sequence[Route | None], route: Route) -> Decision:

@@ -41,7 +41,7 @@ class PipelineSyncStates:
     roll_to: int | None
     roll_registers: LabelSet | None
     roll_producers: Any
-    roll_epoch: int
+    roll_epoch: tuple[int, int]
     _ticket: Any
 
     def _go(self, decision: Decision | State) -> None: ...
@@ -113,13 +113,15 @@ class PipelineSyncStates:
         if producers is None:
             producers = spool.producers.snapshot()
         if self.roll_to is not None:
+            epoch, epoch_begin = self.roll_epoch
             prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers,
-                                       producers=producers, epoch=self.roll_epoch)
-            self._log.info("rolling spool in sync", roll_to=self.roll_to, epoch=self.roll_epoch)
+                                       producers=producers, epoch=epoch, epoch_begin=epoch_begin)
+            self._log.info("rolling spool in sync", roll_to=self.roll_to, epoch=epoch,
+                           epoch_begin=epoch_begin)
             self.roll_to = self.roll_registers = self.roll_producers = None
-            self.roll_epoch = 0
+            self.roll_epoch = (0, 0)
         else:
-            prop = spool.rollback_proposal(acknowledge=True, producers=producers)
+            prop = spool.rollback_proposal(acknowledge=True, producers=producers, epoch=True)
         try:
             pln.send_proposal(prop, first=True)
             self._ticket = pln.ticket()
@@ -137,7 +139,7 @@ class PipelineSyncStates:
             await self.broker.teardown_pipeline(replica)
             return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
         d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision,
-                        replica.spool.epoch)
+                        replica.spool.epoch, replica.spool.epoch_begin)
         if d.state is State.UPDATE_ASSIGNMENTS:
             pln.synced = True
             # Bytes the spool holds after a sync are part of the journal now (at worst
@@ -145,7 +147,7 @@ class PipelineSyncStates:
             replica.publish(replica.spool.end)
         elif d.state is State.SEND_PIPELINE_SYNC:
             self.roll_to, self.roll_registers = d.roll_to, d.registers
-            self.roll_producers, self.roll_epoch = d.producers, d.epoch
+            self.roll_producers, self.roll_epoch = d.producers, (d.epoch, d.epoch_begin)
         else:
             await self.broker.teardown_pipeline(replica)
             self.read_through = max(self.read_through, d.read_through)

@@ -104,13 +104,22 @@ class Replica:
         if not primary:
             self.publish(fragment.end)
 
-    def on_discarded(self, spool: Spool, fragment: Fragment) -> None:
-        """A sync superseded our open fragment (an old route's unacknowledged tail):
-        what we published of it is withdrawn; the spool restarts at `spool.end`."""
-        self.head = min(self.head, spool.end)
-        self.synced_end = min(self.synced_end, spool.end)
-        self._log.warning("stale tail discarded in sync", fragment_begin=fragment.begin,
-                          fragment_end=fragment.end, restart=spool.end)
+    def on_discarded(self, spool: Spool, fragment: Fragment, at: int) -> None:
+        """A sync from a newer epoch cut our content past `at` (an old route's
+        unacknowledged tail; spool.py): what we published of it is withdrawn, and closed
+        fragments still on disk that reach past it are dropped (they hold stale bytes;
+        the journal's other members hold the acknowledged ones, read through a gap)."""
+        self.head = min(self.head, at)
+        self.synced_end = min(self.synced_end, at)
+        stale = [lf for lf in self.local if lf.fragment.end > at]
+        for lf in stale:
+            if lf.file is not None:
+                lf.file.discard()
+        self.local = [lf for lf in self.local if lf.fragment.end <= at]
+        self._log.warning("stale tail cut in sync", fragment_begin=fragment.begin,
+                          fragment_end=fragment.end, cut_at=at,
+                          closed_fragments_dropped=[(lf.fragment.begin, lf.fragment.end)
+                                                    for lf in stale])
         self.wake()
 
     def on_closed(self, spool: Spool, fragment: Fragment, file: SpoolFile | None,

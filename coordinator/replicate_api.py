@@ -91,7 +91,8 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                     if not header_sent:
                         resp = ReplicateResponse(status=resp.status, header=res.header,
                                                  fragment=resp.fragment, registers=resp.registers,
-                                                 producers=resp.producers, epoch=resp.epoch)
+                                                 producers=resp.producers, epoch=resp.epoch,
+                                                 epoch_begin=resp.epoch_begin)
                         header_sent = True
                     conn.write(resp)
                     await conn.drain()

@@ -9,25 +9,32 @@ primary independently:
 * content (ReplicateContent + bytes): must arrive at `content_delta == delta`; it is
   written to the spool file at `length + delta` and folded into the running SHA-1.
 * proposal (ReplicateProposal), evaluated in order:
+  - refuse: a proposal ahead of us that says its content is of an older epoch than
+    ours (a stale primary's sync): PROPOSAL_MISMATCH, so the primary sees our epoch.
   - roll: `proposal.end > end + delta`, or an empty proposal at `end`: the non-empty
     fragment is closed (handed to the observer) and the spool restarts empty at
     `proposal.end` with the proposal's codec. Uncommitted bytes are dropped.
   - rollback: the proposal equals the committed fragment (and registers): delta is
     discarded, the SHA-1 state restored, the file truncated.
   - commit: `delta != 0` and proposal == `next()`: adopt it, take registers, notify.
-  - supersede: an empty synchronizing roll at an offset *below* this spool's end, whose
-    `epoch` is newer than the epoch of this spool's last commit: the open fragment's
-    content is a tail no later route acknowledged (its primary failed mid-commit and
-    the journal moved on without this replica); it is discarded, never closed, and
-    the spool restarts empty at the proposal.
+  - stale tail: a synchronizing proposal (roll or sync) from a newer `epoch` than this
+    spool's last commit, whose `epoch_begin` lies below this spool's end: the content
+    past `epoch_begin` is a tail no later route acknowledged (its primary failed
+    mid-commit and the journal moved on without this replica, acknowledging other
+    bytes at those offsets). It is cut off first — the committed content truncated to
+    `epoch_begin`, or the open fragment discarded (never closed: not served, not
+    persisted) when `epoch_begin` lies before it — and the roll then applies.
   - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers
-    (and producer table and epoch).
+    (and producer table, epoch and epoch_begin).
 
 The **epoch** is the etcd revision of the route under which the spool's last commit
-was adopted (given by the driver: the replicate stream's or the pipeline's header).
-A sync compares epochs before offsets (append_rules.decide_sync): the largest offset
-wins only among tails of the newest epoch, so a replica that rejoins with an old,
-unacknowledged commit cannot outrun content acknowledged at the same offsets since.
+was adopted (given by the driver: the replicate stream's or the pipeline's header),
+and **epoch_begin** the offset where content of that epoch begins here. A sync compares
+epochs before offsets (append_rules.decide_sync): the largest offset wins only among
+tails of the newest epoch, and every older tail is cut at the newest epoch's begin —
+on replicas and on the primary alike — so a member that rejoins with an old,
+unacknowledged commit can neither outrun nor shadow content acknowledged at the same
+offsets since (Kafka's leader-epoch truncation, KIP-101).
 
 The producer table (producers.py) travels like the registers: a proposal's `mark` is
 recorded once the proposal is adopted (a commit, or a barrier that closes a history),
@@ -91,7 +98,7 @@ _OK = ReplicateResponse(status=Status.OK)
 class Spool:
     __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
                  "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers",
-                 "epoch")
+                 "epoch", "epoch_begin")
 
     def __init__(self, journal: str, *, files: FileFactory | None = None,
                  observer: SpoolObserver | None = None, begin: int = 0,
@@ -104,6 +111,8 @@ class Spool:
         self.fragment = Fragment(journal=journal, begin=begin, end=begin, codec=codec)
         self.epoch = 0
         """Route revision of the last commit (or of the state a roll adopted); 0 unknown."""
+        self.epoch_begin = begin
+        """The offset where this spool's content of `epoch` begins."""
         self.registers = registers
         self.first_append_time = 0.0
         self.delta = 0
@@ -160,20 +169,24 @@ class Spool:
                                  mark=mark)
 
     def rollback_proposal(self, acknowledge: bool = False, mark: ProducerMark | None = None,
-                          producers: ProducerSnapshot | None = None) -> ReplicateProposal:
+                          producers: ProducerSnapshot | None = None,
+                          epoch: bool = False) -> ReplicateProposal:
+        """`epoch`: say which epoch our content is of (a sync proposal does)."""
         return ReplicateProposal(proposal=self.fragment, registers=self.registers,
-                                 acknowledge=acknowledge, mark=mark, producers=producers)
+                                 acknowledge=acknowledge, mark=mark, producers=producers,
+                                 epoch=self.epoch if epoch else 0,
+                                 epoch_begin=self.epoch_begin if epoch else 0)
 
     def roll_proposal(self, offset: int | None = None, codec: Codec | None = None,
                       registers: LabelSet | None = None, acknowledge: bool = True,
                       producers: ProducerSnapshot | None = None,
-                      epoch: int = 0) -> ReplicateProposal:
+                      epoch: int = 0, epoch_begin: int = 0) -> ReplicateProposal:
         at = self.fragment.end if offset is None else offset
         return ReplicateProposal(
             proposal=Fragment(journal=self.journal, begin=at, end=at,
                               codec=self.fragment.codec if codec is None else codec),
             registers=self.registers if registers is None else registers, acknowledge=acknowledge,
-            producers=producers, epoch=epoch)
+            producers=producers, epoch=epoch, epoch_begin=epoch_begin)
 
     def should_roll(self, length_target: int, codec: Codec, flush_interval: float,
                     now: float | None = None) -> bool:
@@ -220,13 +233,17 @@ class Spool:
         prop = msg.proposal
         if prop.journal != self.journal:
             return self._mismatch()
+        if self._stale_for(msg):
+            self._cut_stale_tail(msg)
         end = self.fragment.end
+        if prop.end > end + self.delta and 0 < msg.epoch < self.epoch:
+            # A proposer whose content is of an older epoch than ours must not roll us
+            # forward past content acknowledged since: it learns our epoch instead.
+            return self._mismatch()
         if prop.end > end + self.delta or (prop.end == end and prop.begin == prop.end):
             self._roll(prop, msg.registers, primary, msg.producers)
-            self.epoch = max(self.epoch, msg.epoch)
-        elif self._superseded_by(msg):
-            self._discard_open(prop, msg)
-            return _OK
+            if msg.epoch > self.epoch:
+                self.epoch, self.epoch_begin = msg.epoch, msg.epoch_begin
 
         if prop == self.fragment and msg.registers == self.registers:
             self._rollback()
@@ -236,8 +253,8 @@ class Spool:
 
         if self.delta != 0 and prop == self.next():
             self._commit(prop, msg.registers, primary)
-            if epoch:
-                self.epoch = epoch
+            if epoch and epoch != self.epoch:
+                self.epoch, self.epoch_begin = epoch, end
             if msg.mark is not None:
                 self.producers.apply(msg.mark)
             return _OK
@@ -276,36 +293,38 @@ class Spool:
     def _mismatch(self) -> ReplicateResponse:
         return ReplicateResponse(status=Status.PROPOSAL_MISMATCH, fragment=self.fragment,
                                  registers=self.registers, producers=self.producers.snapshot(),
-                                 epoch=self.epoch)
+                                 epoch=self.epoch, epoch_begin=self.epoch_begin)
 
-    def _superseded_by(self, msg: ReplicateProposal) -> bool:
-        """An empty synchronizing roll below our end, from a newer epoch than our last
-        commit's, reaching into our open fragment (see the module docstring)."""
-        prop = msg.proposal
-        return (prop.begin == prop.end and 0 < self.epoch < msg.epoch
-                and self.fragment.begin <= prop.end < self.fragment.end)
+    def _stale_for(self, msg: ReplicateProposal) -> bool:
+        """A synchronizing proposal from a newer epoch than our last commit's, which
+        began below our end: our content past its begin is a stale tail (module
+        docstring). Only sync proposals carry an epoch."""
+        return 0 < self.epoch < msg.epoch and msg.epoch_begin < self.fragment.end
 
-    def _discard_open(self, prop: Fragment, msg: ReplicateProposal) -> None:
-        """Drop the open fragment (never closed: not served, not persisted) and restart
-        empty at `prop`, taking the proposal's registers, producers and epoch."""
-        dropped = self.fragment
-        self._rollback()
-        if self._file is not None:
-            self._file.discard()
-        self.registers = msg.registers
-        if msg.producers is not None:
-            self.producers.restore(msg.producers)
-        self.fragment = Fragment(journal=self.journal, begin=prop.end, end=prop.end,
-                                 sum=EMPTY_SUM, codec=prop.codec)
-        self.epoch = msg.epoch
-        self.delta = 0
-        self._hasher = _EMPTY_SHA1.copy()
-        self._saved = _EMPTY_SHA1.copy()
-        self._file = None
-        self.first_append_time = 0.0
+    def _cut_stale_tail(self, msg: ReplicateProposal) -> None:
+        """Truncate our committed content to `msg.epoch_begin`, or — when the open
+        fragment begins at or past that offset — discard it (never closed: not served,
+        not persisted) and restart empty at `epoch_begin`; the observer's `on_discarded`
+        hears of the cut (closed fragments past it are the observer's to drop)."""
+        cut = self.fragment
+        at = msg.epoch_begin
+        if at > cut.begin:
+            self.drop_after(at)
+        else:
+            self._rollback()
+            if self._file is not None:
+                self._file.discard()
+            self.producers.drop_after(at)
+            self.fragment = Fragment(journal=self.journal, begin=at, end=at,
+                                     sum=EMPTY_SUM, codec=cut.codec)
+            self.delta = 0
+            self._hasher = _EMPTY_SHA1.copy()
+            self._saved = _EMPTY_SHA1.copy()
+            self._file = None
+            self.first_append_time = 0.0
         on_discarded = getattr(self._observer, "on_discarded", None)
         if on_discarded is not None:
-            on_discarded(self, dropped)
+            on_discarded(self, cut, at)
 
     def _rollback(self) -> None:
         if self.delta:

@@ -175,9 +175,11 @@ class ReplicateProposal(Message, frozen=True):
     replica that this proposal rolls forward."""
     epoch: int = 0
     """On a synchronizing roll: the epoch (etcd revision of the route it was committed
-    under) of the content that ends at the proposal's offset. A replica that is ahead
-    of the proposal with content of an older epoch holds a tail no later route
-    acknowledged: it discards its open fragment and restarts at the proposal (spool.py)."""
+    under) of the content that ends at the proposal's offset."""
+    epoch_begin: int = 0
+    """With `epoch`: the offset at which that epoch's content begins. A replica holding
+    content of an older epoch past it holds a tail no later route acknowledged: it cuts
+    its spool back to `epoch_begin` before rolling (spool.py, "stale tails")."""
 
 
 class ReplicateContent(Message, frozen=True):
@@ -200,6 +202,8 @@ class ReplicateResponse(Message, frozen=True):
     primary that rolls forward to it)."""
     epoch: int = 0
     """On PROPOSAL_MISMATCH: the epoch of the replica's last commit (0: unknown)."""
+    epoch_begin: int = 0
+    """On PROPOSAL_MISMATCH: the offset at which the replica's content of `epoch` begins."""
 
 
 # -- topology & metadata ----------------------------------------------------------------

@@ -17,7 +17,7 @@ ROUTE = Route(members=(A, X), primary=0, endpoints=("h:1", "h:2"))
 class Observed:
     def __init__(self) -> None:
         self.closed: list[Fragment] = []
-        self.discarded: list[Fragment] = []
+        self.cut: list[tuple[Fragment, int]] = []
 
     def on_commit(self, spool, fragment, primary):  # noqa: ANN001
         pass
@@ -27,8 +27,8 @@ class Observed:
         if file is not None:
             file.discard()
 
-    def on_discarded(self, spool, fragment):  # noqa: ANN001
-        self.discarded.append(fragment)
+    def on_discarded(self, spool, fragment, at):  # noqa: ANN001
+        self.cut.append((fragment, at))
 
 
 def commit(spool: Spool, data: bytes, epoch: int, *, primary: bool = False) -> Fragment:
@@ -38,7 +38,33 @@ def commit(spool: Spool, data: bytes, epoch: int, *, primary: bool = False) -> F
     return prop.proposal
 
 
-def test_a_stale_tail_is_discarded_not_rolled_forward_to() -> None:
+def content(spool: Spool) -> bytes:
+    return spool.read_committed(spool.begin, spool.content_length)
+
+
+def sync(primary: Spool, peers: list[Spool], revision: int) -> None:
+    """One pipeline synchronization as append_sync.py runs it, to completion: the sync
+    proposal, decide_sync over the answers, a roll applied to the primary then to every
+    peer, until every peer answers OK."""
+    route = Route(members=(A, *[ProcessId("z", f"peer{i}") for i in range(len(peers))]),
+                  primary=0)
+    prop = primary.rollback_proposal(acknowledge=True, epoch=True)
+    for _ in range(3):
+        answers = [(route.members[i + 1], p.apply_proposal(prop, epoch=revision))
+                   for i, p in enumerate(peers)]
+        d = decide_sync(answers, primary.fragment, route, revision, primary.epoch,
+                        primary.epoch_begin)
+        if d.state is State.UPDATE_ASSIGNMENTS:
+            return
+        assert d.state is State.SEND_PIPELINE_SYNC, d
+        prop = primary.roll_proposal(d.roll_to, registers=d.registers, producers=d.producers,
+                                     epoch=d.epoch, epoch_begin=d.epoch_begin)
+        assert primary.apply_proposal(prop, primary=True, epoch=revision).status == Status.OK
+    raise AssertionError("the sync did not converge")
+
+
+def test_a_stale_tail_is_cut_not_rolled_forward_to() -> None:
+    """Seed 5: a replica rejoins with a longer tail of an older epoch."""
     seen_a, seen_x = Observed(), Observed()
     a, x = Spool(J, observer=seen_a), Spool(J, observer=seen_x)
     # Route at revision 5: both hold the acknowledged prefix.
@@ -48,25 +74,71 @@ def test_a_stale_tail_is_discarded_not_rolled_forward_to() -> None:
     commit(x, b"x" * 20, 5)
     # Revision 9, without x: 8 other bytes acknowledged at the same offsets.
     commit(a, b"a" * 8, 9, primary=True)
-    assert (a.end, a.epoch, x.end, x.epoch) == (21, 9, 33, 5)
+    assert (a.end, a.epoch, a.epoch_begin, x.end, x.epoch) == (21, 9, 13, 33, 5)
 
-    # x rejoins (revision 12): the primary's sync proposal is its own fragment.
-    answer = x.apply_proposal(a.rollback_proposal(acknowledge=True), epoch=12)
-    assert answer.status == Status.PROPOSAL_MISMATCH and answer.epoch == 5
-    d = decide_sync([(X, answer)], a.fragment, ROUTE, 12, a.epoch)
-    # Largest offset would have won before (roll to 33): now we roll at our own end.
-    assert d.state is State.SEND_PIPELINE_SYNC and (d.roll_to, d.epoch) == (21, 9)
+    # x rejoins (revision 12): the sync proposal says our content is of epoch 9 from 13.
+    answer = x.apply_proposal(a.rollback_proposal(acknowledge=True, epoch=True), epoch=12)
+    # x cut its stale tail at 13 and rolled forward to our end (answering with its
+    # new, empty fragment there, as any replica rolled forward by a sync does).
+    assert answer.status == Status.PROPOSAL_MISMATCH and answer.fragment.begin == 21
+    assert (x.begin, x.end, x.epoch, x.epoch_begin) == (21, 21, 9, 13)
+    assert x.registers == a.registers
+    # The stale bytes were cut before the fragment was closed: what x closed (serves,
+    # persists) is the acknowledged prefix only.
+    assert [(f.end, at) for f, at in seen_x.cut] == [(33, 13)]
+    assert [(f.begin, f.end) for f in seen_x.closed] == [(0, 13)]
+    sync(a, [x], revision=12)  # and the pipeline converges: both at 21, nothing lost
+    assert (a.end, x.end) == (21, 21) and seen_a.cut == []
 
-    roll = a.roll_proposal(d.roll_to, epoch=d.epoch)
-    assert a.apply_proposal(roll, primary=True, epoch=12).status == Status.OK
-    assert x.apply_proposal(roll, epoch=12).status == Status.OK
-    assert (x.begin, x.end, x.epoch) == (21, 21, 9) and x.registers == a.registers
-    # The stale fragment was dropped, never closed (so never served nor persisted);
-    # the primary's acknowledged fragment was closed as usual.
-    assert [f.end for f in seen_x.discarded] == [33] and seen_x.closed == []
-    assert [f.end for f in seen_a.closed] == [21]
-    # And the pipeline is in sync: the next sync proposal is answered OK by both.
-    assert x.apply_proposal(a.rollback_proposal(acknowledge=True), epoch=12).status == Status.OK
+
+def test_a_stale_primary_is_cut_too_and_rolls_to_the_newer_content() -> None:
+    """Seed 3, the mirror of seed 5: the *primary* holds the older epoch's longer tail
+    and the replica the newer, acknowledged content at the same offsets. Before, the
+    replica was rolled forward past its content by the primary's longer proposal."""
+    seen_p, seen_r = Observed(), Observed()
+    p, r = Spool(J, observer=seen_p), Spool(J, observer=seen_r)
+    for s in (p, r):
+        commit(s, b"prefix ", 5, primary=s is p)
+    commit(p, b"p" * 30, 5, primary=True)  # p's commit failed on r: never acknowledged
+    commit(r, b"r" * 10, 9)  # revision 9 (without p) acknowledged these at 7
+    assert (p.end, r.end, r.epoch_begin) == (37, 17, 7)
+
+    sync(p, [r], revision=12)  # p is primary again
+    # p cut its tail at 7 and rolled to r's end, taking r's registers; r is untouched.
+    assert [(f.end, at) for f, at in seen_p.cut] == [(37, 7)]
+    assert [(f.begin, f.end) for f in seen_p.closed] == [(0, 7)]
+    assert [(f.begin, f.end) for f in seen_r.closed] == [(0, 17)]
+    assert seen_r.cut == []
+    assert (p.begin, p.end, p.epoch, r.begin, r.end) == (17, 17, 9, 17, 17)
+
+
+def test_a_shorter_stale_replica_is_cut_before_it_is_rolled_forward() -> None:
+    """A stale tail shorter than the newer content used to be closed as it was (stale
+    bytes served and persisted) when the replica was rolled forward."""
+    seen_x = Observed()
+    a, x = Spool(J), Spool(J, observer=seen_x)
+    for s in (a, x):
+        commit(s, b"prefix ", 5, primary=s is a)
+    commit(x, b"x" * 4, 5)
+    commit(a, b"a" * 40, 9, primary=True)
+    sync(a, [x], revision=12)
+    assert [(f.begin, f.end) for f in seen_x.closed] == [(0, 7)]
+    assert [at for _, at in seen_x.cut] == [7]
+    assert (x.begin, x.end, x.epoch) == (47, 47, 9)
+
+
+def test_three_members_two_epochs_and_the_acknowledged_content_survives() -> None:
+    """p (stale, longest), r1 (newest epoch, acknowledged) and r2 (an older, shorter
+    stale tail): every stale tail goes, the newest content stands everywhere."""
+    p, r1, r2 = Spool(J), Spool(J), Spool(J)
+    for s in (p, r1, r2):
+        commit(s, b"base ", 3, primary=s is p)
+    commit(p, b"P" * 50, 5, primary=True)
+    commit(r2, b"Q" * 3, 4)
+    commit(r1, b"acked", 8)
+    sync(p, [r1, r2], revision=20)
+    assert p.end == r1.end == r2.end == 10
+    assert p.epoch == r1.epoch == r2.epoch == 8
 
 
 def test_a_peer_ahead_from_a_newer_or_unknown_epoch_still_wins_by_offset() -> None:
