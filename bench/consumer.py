@@ -35,7 +35,7 @@ from consumers.runner import ShardRunner
 from protocol import Codec, FragmentSpec, JournalSpec, ProcessId
 from protocol.logs import configure_logging
 from protocol.shard import ShardSource, ShardSpec
-from quire.client import AppendService, Client, LineFramer
+from quire.client import Client, LineFramer
 from topology.etcd import connect
 
 SOURCE = "bench/consumer-src"
@@ -85,10 +85,8 @@ async def count(client: Client, etcd_url: str, root: str, n: int, end: int,
     stop = asyncio.Event()
     spec = ShardSpec(id=shard_id, sources=(ShardSource(journal=SOURCE),),
                      recovery_log_prefix="bench/recovery", checkpoint_interval=1.0)
-    outputs = await AppendService(client).start()
     runner = ShardRunner(client=client, etcd=etcd, root=root, me=ProcessId("bench", "bench"),
-                         spec=spec, app=Counts(), data_dir=workdir, outputs=outputs,
-                         snapshot_interval=3600.0)
+                         spec=spec, app=Counts(), data_dir=workdir, snapshot_interval=3600.0)
     try:
         started = time.perf_counter()
         watcher = asyncio.create_task(_stop_at(runner, end, stop))
@@ -96,7 +94,6 @@ async def count(client: Client, etcd_url: str, root: str, n: int, end: int,
         elapsed = time.perf_counter() - started
         watcher.cancel()
     finally:
-        await outputs.close()
         await etcd.close()
     return {"messages": n, "seconds": elapsed, "transactions": runner.transactions}
 

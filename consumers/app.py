@@ -16,10 +16,13 @@ An app:
 - `init(shard)` once each time the shard becomes primary (after restore).
 
 Every call happens on the shard's event loop: keep them quick and non-blocking.
-Output messages are appended (through AppendService) only after the transaction's
-recovery-log append succeeded, so a published message never reflects uncommitted state;
-if the process dies between the two, the output may be missing or (after a restart that
-reprocesses uncommitted input) repeated — at-least-once until exactly-once appends land.
+Output messages are committed with the transaction (as intents in its write batch) and
+appended only after it is durable, as exactly-once appends — one per output journal
+per transaction, identified by the shard's producer name, generation, a history per
+output journal and a txn number. A primary that dies before or while appending them is
+succeeded by one that re-sends them and the broker drops those that had landed, so each
+committed transaction's outputs are in their journals exactly once (outputs.py,
+docs/exactly-once.md).
 """
 
 from __future__ import annotations

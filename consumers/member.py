@@ -23,7 +23,7 @@ from protocol import ProcessId
 from protocol.errors import StatusError
 from protocol.logs import get_logger
 from protocol.shard import ShardSpec, ShardState
-from quire.client import AppendService, Client
+from quire.client import Client
 from topology.allocator_plan import MemberState
 from topology.etcd import cmp_create, cmp_version, delete_op, members_prefix, put_op, txn
 from topology.membership import BrokerSpec, Membership
@@ -70,7 +70,6 @@ class ConsumerMember:
         self.running: dict[str, _Running] = {}
         self._failed: dict[str, float] = {}
         self._published: dict[str, bytes] = {}
-        self.outputs = AppendService(client)
         self.mirror = Mirror(etcd, [shards_prefix(root), consumer_root(root) + "/"])
         self._wake = asyncio.Event()
         self._report_lock = asyncio.Lock()
@@ -110,7 +109,6 @@ class ConsumerMember:
         async with Membership(self.etcd, consumer_root(self.root), spec, ttl=self.ttl,
                               wait_absent=self.ttl + 2) as membership:
             self.membership = membership
-            await self.outputs.start()
             async with self.mirror:
                 self.mirror.on_change.append(lambda: self._wake.set())
                 reporter = asyncio.create_task(self._report_loop(), name="status-reporter")
@@ -140,7 +138,6 @@ class ConsumerMember:
                     reporter.cancel()
                     with contextlib.suppress(BaseException):
                         await reporter
-                    await self.outputs.close(timeout=10.0)
         return 0
 
     async def _step(self) -> None:
@@ -211,7 +208,7 @@ class ConsumerMember:
 
     def _start(self, spec: ShardSpec, *, primary: bool, lock_revision: int = 0) -> None:
         runner = ShardRunner(client=self.client, etcd=self.etcd, root=self.root, me=self.me,
-                             spec=spec, app=self.app, data_dir=self.data_dir, outputs=self.outputs,
+                             spec=spec, app=self.app, data_dir=self.data_dir,
                              snapshot_interval=self.snapshot_interval,
                              selector_refresh=self.selector_refresh)
         stop = asyncio.Event()

@@ -10,9 +10,14 @@ Primary, in the seed's order:
    the fragment store for persisted content;
 4. call the app per message;
 5. commit at a message boundary when the policy says so: the write batch (state +
-   read-through offsets) is appended to the recovery log under the fence, then written
-   to RocksDB atomically; outputs are appended after that;
+   read-through offsets + the output ledger) is appended to the recovery log under the
+   fence, then written to RocksDB atomically; the transaction's outputs are then
+   appended as identified appends, awaited before the next commit (outputs.py);
 6. on release (reassignment, SIGTERM): commit what is open and stop.
+
+Between 2 and 3, a new primary re-sends the last committed transaction's outputs under
+their own generation (the broker drops those that landed), then takes the next one:
+end-to-end exactly-once outputs (docs/exactly-once.md).
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from dataclasses import dataclass, field
 import aetcd
 
 from protocol import ProcessId
-from protocol.errors import StatusError
+from protocol.errors import StatusError, TxnSuperseded
 from protocol.logs import get_logger
 from protocol.shard import ShardSpec, ShardState, ShardStatus, SourceStatus
-from quire.client import AppendService, Client, LineFramer
+from quire.client import Client, LineFramer
 from topology.shards import publish_needs
 
 from . import metrics, snapshot
 from .app import App, Message, Shard
+from .faults import fault_point
+from .outputs import LEDGER_KEY, Intent, OutputLedger, producer_name
 from .plan import CommitPolicy, Lifecycle
 from .recoverylog import LogWriter, RecordReader, fence, replay
 from .store import Store
@@ -78,7 +85,6 @@ class ShardRunner:
     spec: ShardSpec
     app: App
     data_dir: str
-    outputs: AppendService
     snapshot_interval: float = 10.0
     selector_refresh: float = 10.0
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
@@ -88,6 +94,7 @@ class ShardRunner:
     log_offset: int = 0
     transactions: int = 0
     store: Store | None = None
+    ledger: OutputLedger | None = None
     _snapshotting: asyncio.Task[None] | None = None
     _next: dict[str, int] = field(default_factory=dict)
     _progress: dict[str, int] = field(default_factory=dict)
@@ -142,6 +149,13 @@ class ShardRunner:
             log.info("recovery log replayed", shard=shard_id, begin=begin, end=fence_end,
                      bytes=replayed)
             self.log_offset = fence_end
+            self.ledger = OutputLedger(producer_name(shard_id), store.db.get(LEDGER_KEY))
+            resend = self.ledger.start()
+            if resend:
+                await self._send(resend, resend=True)
+                log.info("re-sent the last transaction's outputs", shard=shard_id,
+                         appends=len(resend), generation=resend[0].generation,
+                         next_generation=self.ledger.generation)
             await self._serve(store, LogWriter(self.client, self.spec.recovery_log, author), stop)
         finally:
             if self._snapshotting is not None:
@@ -291,13 +305,19 @@ class ShardRunner:
         started = time.monotonic()
         self.app.before_commit(shard)
         snap_due = policy.notice or started - self._last_snapshot >= self.snapshot_interval
+        assert self.ledger is not None
+        outputs, shard.outputs = shard.outputs, []
+        entry, intents = self.ledger.commit(outputs)
         ops = store.take(dict(self.offsets))
+        ops.append(entry)  # the outputs' intents commit with the state they reflect
         end = await writer.append(ops)
         store.apply(ops, end)
+        self.ledger.committed(entry)
         self.log_offset = end
-        outputs, shard.outputs = shard.outputs, []
-        for journal, data in outputs:
-            await self.outputs.append(journal, data)
+        if intents:
+            fault_point("after-commit")
+            await self._send(intents)
+            fault_point("after-outputs")
         self.app.on_commit(shard)
         policy.committed()
         self.transactions += 1
@@ -308,6 +328,24 @@ class ShardRunner:
         if snap_due and (self._snapshotting is None or self._snapshotting.done()):
             self._last_snapshot = started
             self._snapshotting = asyncio.create_task(self._snapshot(store, end, dict(self.offsets)))
+
+    async def _send(self, intents: list[Intent], resend: bool = False) -> None:
+        """Append each intent as an identified append (the client re-sends until an
+        authoritative answer). A re-sent intent the broker knows a later txn of was acted
+        on (TXN_SUPERSEDED) landed; any other refusal fails the shard."""
+        assert self.ledger is not None
+        producer = self.ledger.producer
+
+        async def one(i: Intent) -> None:
+            try:
+                await self.client.append(i.journal, i.data, txn=i.txn_id(producer))
+            except TxnSuperseded:
+                if not resend:
+                    raise
+                log.info("re-sent output already superseded (it landed)", shard=self.spec.id,
+                         journal=i.journal, txn=i.txn)
+
+        await asyncio.gather(*(one(i) for i in intents))
 
     async def _snapshot(self, store: Store, log_offset: int, offsets: dict[str, int]) -> None:
         try:
