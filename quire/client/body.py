@@ -40,6 +40,15 @@ class Body:
             raise TypeError(f"append data must be bytes, a binary file or an async iterator "
                             f"of bytes, not {type(data).__name__}")
 
+    def whole(self) -> memoryview | None:
+        """The whole content when it is bytes of at most one chunk (taken: `started`),
+        else None (stream it with `chunks()`)."""
+        view = self._bytes
+        if view is None or len(view) > self.chunk_size:
+            return None
+        self.started = True
+        return view
+
     def rewind(self) -> bool:
         """Prepare to send the content again from its start; False if impossible."""
         if not self.started:

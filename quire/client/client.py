@@ -122,6 +122,8 @@ class Client:
                                    token=token, ssl=ssl)
         self.rpc_timeout = rpc_timeout
         self.retry_timeout = retry_timeout
+        self._valid_names: set[str] = set()
+        """Journal names already validated (appends skip the check; bounded)."""
 
     @property
     def endpoints(self) -> list[str]:
@@ -149,7 +151,11 @@ class Client:
         `txn`: an exactly-once identifier (producer.py): the append is re-sent until an
         authoritative answer, and lands at most once (a re-send that finds it committed
         returns the original commit)."""
-        validate_journal_name(journal, "journal")
+        if journal not in self._valid_names:
+            validate_journal_name(journal, "journal")
+            if len(self._valid_names) >= 4096:
+                self._valid_names.clear()
+            self._valid_names.add(journal)
         if isinstance(check_registers, str):
             check_registers = parse_selector(check_registers)
         request = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
@@ -216,6 +222,9 @@ class Client:
 
     async def _append_once(self, endpoint: str, request: AppendRequest, body: Body) -> AppendResponse:
         conn = await self.pool.acquire(endpoint)
+        whole = body.whole()
+        if whole is not None:
+            return await self._append_whole(conn, endpoint, request, whole)
         # The broker may answer before the commit (e.g. JOURNAL_NOT_FOUND) and stop
         # reading our chunks; listening while sending keeps a big append from blocking
         # on a full socket buffer that will never drain.
@@ -246,6 +255,42 @@ class Client:
             if not answer.done():
                 answer.cancel()
             # Closing mid-stream rolls back an uncommitted append on the broker.
+            conn.abort()
+            raise
+        finally:
+            self.pool.release(conn)
+
+    async def _append_whole(self, conn: Connection, endpoint: str, request: AppendRequest,
+                            data: memoryview) -> AppendResponse:
+        """An append whose content is at most one chunk of bytes: request, chunk and
+        commit leave in one send, and the answer is read inline — no task, no drain.
+        Nothing here waits on the socket's send buffer (the transport holds at most this
+        one chunk), so a broker that answers early, before reading our stream, cannot
+        block us: its answer is read as any other. The commit is queued with the rest,
+        so a failure after that is ambiguous (as after a commit in `_append_once`)."""
+        try:
+            conn.write(request)
+            if data:
+                conn.write(AppendChunk(), data)
+        except BaseException:
+            conn.abort()  # nothing of the commit left: a definite failure
+            self.pool.release(conn)
+            raise
+        try:
+            conn.write(AppendCommit())
+            conn.flush()
+            frame = await conn.read(self.rpc_timeout)
+            if not isinstance(frame.message, AppendResponse):
+                raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
+            if frame.message.status != Status.OK:
+                # The broker may have answered before reading our whole stream (then it
+                # closes): the connection is not known to be on a frame boundary.
+                conn.broken = True
+            return frame.message
+        except Unavailable as exc:
+            conn.abort()
+            raise _Ambiguous(exc) from exc
+        except BaseException:
             conn.abort()
             raise
         finally:

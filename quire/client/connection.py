@@ -83,6 +83,14 @@ class Connection:
             self.broken = True
             raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
 
+    def flush(self) -> None:
+        """Hand the queued frames to the transport now (one send for all of them)."""
+        try:
+            self.stream.flush()
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            self.broken = True
+            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+
     async def drain(self) -> None:
         try:
             await self.stream.drain()
@@ -96,7 +104,10 @@ class Connection:
             if timeout is None:
                 frame = await self.stream.read()
             else:
-                frame = await asyncio.wait_for(self.stream.read(), timeout)
+                # asyncio.timeout, not wait_for: no task per read (wait_for wraps the
+                # read in one on Python 3.11), only a timer handle.
+                async with asyncio.timeout(timeout):
+                    frame = await self.stream.read()
         except ConnectionClosed as exc:
             self.broken = True
             raise Unavailable(f"connection to {self.endpoint} closed: {exc}") from exc
