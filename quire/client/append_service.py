@@ -170,9 +170,10 @@ class AppendService:
             validate_journal_name(journal, "journal")
             q = self._journal(journal)
         size = len(data)
-        await self._make_room(q, size)
-        if self._closed:
-            raise ServiceClosed("append after close()")
+        if self.memory and self.memory + size > self.max_buffered_bytes:
+            await self._make_room(q, size)  # no coroutine per message while there is room
+            if self._closed:
+                raise ServiceClosed("append after close()")
         batch = q.batches[-1] if q.batches else None
         # A batch that was sent once is frozen (bytes, or spilled): a re-send after an
         # unknown outcome must carry exactly what the first attempt carried.
@@ -181,7 +182,7 @@ class AppendService:
             batch = self._new_batch()
             q.batches.append(batch)
         assert isinstance(batch.buf, bytearray)
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[AppendResult] = batch.done.get_loop().create_future()
         batch.waiters.append((future, batch.size, batch.size + size))
         batch.buf += data
         batch.size += size
