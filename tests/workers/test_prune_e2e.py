@@ -108,7 +108,9 @@ def test_a_fragment_whose_upload_was_killed_is_never_pruned(
     try:
         slow.add(inflight, data)
         put_retained_journal(etcd, etcd_root, j, url, retention=2.0)
-        w1 = start_worker(queues=("persist",), QUIRE_WORKER_VISIBILITY_TIMEOUT="3")
+        # 60 s: w1 never restores (and redelivers to itself) its own in-flight task
+        # before the kill, however slow a loaded machine makes the upload.
+        w1 = start_worker(queues=("persist",), QUIRE_WORKER_VISIBILITY_TIMEOUT="60")
         client.send_task("workers.persist.persist_fragment", kwargs={
             "fragment": msgspec.to_builtins(inflight), "endpoints": [slow.endpoint],
             "store": url}, queue="persist")

@@ -87,7 +87,9 @@ def test_worker_killed_mid_upload_redelivers_and_writes_once(start_worker, clien
     try:
         slow.add(f, data)
         store = s3_url(s3_bucket)
-        w1 = start_worker(queues=("persist",), QUIRE_WORKER_VISIBILITY_TIMEOUT="3")
+        # 60 s: w1 never restores (and redelivers to itself) its own in-flight task
+        # before the kill, however slow a loaded machine makes the upload.
+        w1 = start_worker(queues=("persist",), QUIRE_WORKER_VISIBILITY_TIMEOUT="60")
         send(client, f, [slow.endpoint], store)
         wait_for(lambda: slow.bytes_served >= 18 << 20, timeout=30, what="the upload to be underway")
         w1.kill()  # SIGKILL of the whole worker: no ack, no reject, no cleanup
