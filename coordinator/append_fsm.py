@@ -64,6 +64,9 @@ __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"
 log = get_logger(__name__)
 
 MAX_RESOLVES = 30
+INDEX_WAIT = 10.0
+"""Seconds a primary waits for its replica's first fragment-index load before an
+append fails UNAVAILABLE (the client retries)."""
 
 
 class ContentSource(Protocol):
@@ -227,6 +230,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
     def _fast_validate_preconditions(self) -> bool:
         replica = self.replica
         assert replica is not None
+        if not replica.index_ready and getattr(self.broker, "index_expected", False):
+            return False  # the index's end guards the write head: wait for its first load
         if self.req.producer and self._check_producer(replica):
             return True
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
@@ -268,12 +273,28 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
             return
         replica = self.replica
         assert replica is not None
+        if not replica.index_ready and getattr(self.broker, "index_expected", False):
+            return await self._await_first_index(replica)
         if self.req.producer and self._check_producer(replica):
             return
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
                                    replica.spool.end, replica.index_end)
         self._suspend = d.suspend
         await self._update_suspend()  # then RESOLVE, at the revision of the write
+
+    async def _await_first_index(self, replica: Replica) -> None:
+        """Gazette's WaitForFirstRemoteRefresh: a primary whose replica has not loaded
+        the fragment index yet (just created; Redis slow or away) does not know how far
+        the journal was persisted. Members that all lost their spools would otherwise
+        sync at their (empty) spool's offset — 0 — and acknowledge appends at offsets
+        the store already holds; with the index, INDEX_HAS_GREATER_OFFSET stops that."""
+        deadline = time.monotonic() + INDEX_WAIT
+        while not replica.index_ready and (left := deadline - time.monotonic()) > 0:
+            await replica.wait_change(left)
+        if not replica.index_ready:
+            return self._fail(Status.UNAVAILABLE, f"the fragment index of {self.req.journal} "
+                              f"is not loaded yet (is Redis reachable?)")
+        await self._on_validate_preconditions()
 
     async def _on_stream_content(self) -> None:
         pln, replica, spec = self.pipeline, self.replica, self.res.spec

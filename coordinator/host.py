@@ -86,6 +86,13 @@ class Host:
         self._appends_idle = asyncio.Event()
         self._appends_idle.set()
         self._tg: asyncio.TaskGroup | None = None
+        self.index_loader: Callable[[str], None] | None = None
+        """Set by hosting when a fragment index is kept (Redis): loads one journal's
+        index now. A primary then waits for that first load (append_fsm.py)."""
+
+    @property
+    def index_expected(self) -> bool:
+        return self.index_loader is not None
 
     # -- what the FSM and handlers need (append_fsm.Broker) ------------------------------
 
@@ -112,6 +119,8 @@ class Host:
             if head is not None:
                 r.resume_at(head)
             metrics.REPLICAS.set(len(self.replicas))
+            if self.index_loader is not None:
+                self.index_loader(journal)
         return r
 
     def spool_bytes(self) -> float:

@@ -136,9 +136,16 @@ class Hosting:
             if mark is not None:
                 mark(journal, fragments)
 
-        watch = IndexWatch(self.cfg.redis_url, apply=apply,
+        def loaded(journal: str) -> None:
+            replica = server.replicas.get(journal)
+            if replica is not None:
+                replica.index_loaded()
+
+        watch = IndexWatch(self.cfg.redis_url, apply=apply, loaded=loaded,
                            journals=lambda: [*server.replicas, *server.recovered.journals()])
         self._spawn(watch.run(), name="index-watch")
+        server.index_loader = lambda journal: self._spawn(watch.load_quietly(journal),
+                                                          name=f"index-load:{journal}")
         run = getattr(server.persister, "run", None)
         if run is not None:
             self._spawn(run(), name="persister")

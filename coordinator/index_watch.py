@@ -84,6 +84,7 @@ class IndexWatch:
         *,
         apply: Apply,
         journals: Callable[[], Iterable[str]],
+        loaded: Callable[[str], None] | None = None,
         io_timeout: float = 5.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
@@ -91,6 +92,8 @@ class IndexWatch:
     ) -> None:
         self.redis_url = redis_url
         self._apply = apply
+        self._loaded = loaded
+        """Told of every journal a load answered for, with an index or without one."""
         self._journals = journals
         self.io_timeout = io_timeout
         self.backoff_initial = backoff_initial
@@ -199,6 +202,8 @@ class IndexWatch:
         count = 0
         for name, raw, stamp in zip(names, results[:-1], stamps):
             if raw is None:
+                if self._loaded is not None:
+                    self._loaded(name)  # nothing persisted yet: an empty index is known
                 continue
             try:
                 fragments = decode_index(raw)
@@ -214,8 +219,18 @@ class IndexWatch:
             if inspect.isawaitable(result):
                 await result
             self.applied[name] = self.applied.get(name, 0) + 1
+            if self._loaded is not None:
+                self._loaded(name)
             count += 1
         return count
+
+    async def load_quietly(self, journal: str) -> None:
+        """`load([journal])` now (a replica was just created), errors only logged: the
+        watch's own session retries every hosted journal when Redis comes back."""
+        try:
+            await self.load([journal])
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.debug("index load deferred", journal=journal, error=str(exc))
 
     async def _reset(self) -> None:
         client, self._redis = self._redis, None

@@ -176,6 +176,12 @@ class Replica:
         self._drop_persisted()
         self.wake()
 
+    def index_loaded(self) -> None:
+        """The index source answered for this journal (maybe: no index yet)."""
+        if not self.index_ready:
+            self.index_ready = True
+            self.wake()
+
     @property
     def index_end(self) -> int:
         """The journal's furthest known offset outside the spool: persisted fragments
