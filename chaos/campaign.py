@@ -4,8 +4,8 @@
 
 Each seed is a whole `run_chaos` (its own cluster, schedule and writers), run one after
 another (the machine has two cores). A row keeps what the issue asks for: seed,
-appends acknowledged, faults by kind and per minute, every safety count, recovery after
-a primary kill (p50 / max), liveness after healing. `table()` renders the rows as
+appends acknowledged, faults by kind and per minute, every safety count (the consumer checker's included), the
+consumer keys checked and shard primary changes, recovery after a primary kill (p50 / max), liveness after healing. `table()` renders the rows as
 markdown and `write_into()` replaces the block between the campaign markers of a doc.
 Row building and rendering are pure; `run_campaign` is the thin loop around them.
 """
@@ -29,7 +29,10 @@ BEGIN, END = "<!-- campaign:begin -->", "<!-- campaign:end -->"
 
 _SHORT = {"lost": "lost", "duplicates": "dup", "written_twice": "twice",
           "uncommitted_visible": "uncommitted", "divergence": "diverge",
-          "bad_fragments": "bad frag"}
+          "bad_fragments": "bad frag", "consumer_mismatches": "c-mismatch",
+          "consumer_overcounted": "c-over", "consumer_undercounted": "c-under",
+          "consumer_dual_primaries": "c-dual", "consumer_zombie_commits": "c-zombie",
+          "consumer_bad_offsets": "c-offset"}
 
 
 def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> dict[str, Any]:
@@ -55,6 +58,8 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
         "unavailable_after_heal": counts.get("unavailable_after_heal", 0),
         "stale_heads": counts.get("stale_heads", 0),
         "holes": counts.get("holes", 0),
+        "consumer_keys": counts.get("consumer_keys", 0),
+        "consumer_primary_changes": counts.get("consumer_primary_changes", 0),
         "skipped_faults": len(summary.get("run", {}).get("skipped_faults", []) or []),
         "error": summary.get("error", ""),
     }
@@ -67,7 +72,8 @@ def _s(v: float | None) -> str:
 def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
     """Markdown: one line per seed, then the totals. Pure."""
     head = ["seed", "acked", "faults (/min)", "faults by kind",
-            *(_SHORT[k] for k in SAFETY_KEYS), "holes", "kill→ack p50 / max s", "liveness", "safe"]
+            *(_SHORT[k] for k in SAFETY_KEYS), "holes", "c-keys / primary changes",
+            "kill→ack p50 / max s", "liveness", "safe"]
     out = [f"**{title}**", ""] if title else []
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -80,6 +86,7 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
         out.append("| " + " | ".join([
             str(r["seed"]), f"{r['acknowledged']:,}", f"{r['faults']} ({r['faults_per_min']})", kinds,
             *(str(r["safety"][k]) for k in SAFETY_KEYS), str(r.get("holes", 0)),
+            f"{r.get('consumer_keys', 0)} / {r.get('consumer_primary_changes', 0)}",
             f"{_s(r['recovery_p50'])} / {_s(r['recovery_max'])} ({r['recovered']}/{r['kills']})",
             live, "yes" if r["safe"] else "**NO**"]) + " |")
     ok = [r for r in rows if not r.get("error")]
@@ -92,6 +99,8 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             "",
             *(str(sum(r["safety"][k] for r in ok)) for k in SAFETY_KEYS),
             str(sum(r.get("holes", 0) for r in ok)),
+            f"{sum(r.get('consumer_keys', 0) for r in ok)} / "
+            f"{sum(r.get('consumer_primary_changes', 0) for r in ok)}",
             f"max {_s(max(maxes) if maxes else None)}",
             f"{sum(1 for r in ok if r['unavailable_after_heal'] or r['stale_heads'])} runs not ok",
             f"{sum(1 for r in ok if r['safe'])}/{len(rows)} safe"]) + " |")
@@ -141,6 +150,10 @@ def describe(base: ChaosConfig, seeds: list[int], started_utc: str, wall: float)
     return (f"`quire chaos --campaign {len(seeds)} --seed {seeds[0]} --duration {base.duration:g}` "
             f"(seeds {seeds[0]}–{seeds[-1]}, {base.coordinators} coordinators, {base.journals} "
             f"journals R={base.replication}, {base.writers} writers at {base.rate:g} appends/s, "
-            f"lease TTL {base.lease_ttl} s, kinds: {', '.join(k.value for k in base.kinds)}); "
+            f"lease TTL {base.lease_ttl} s, "
+            + (f"consumer group: {base.consumer_members} members, {base.consumer_shards} count "
+               f"shards, {base.consumer_rate:g} event appends/s; " if base.consumers else
+               "no consumers; ")
+            + f"kinds: {', '.join(k.value for k in base.kinds)}); "
             f"started {started_utc}, {wall / 60:.0f} min wall on {platform.node() or 'this VM'} "
             f"({platform.machine()}, Python {platform.python_version()})")

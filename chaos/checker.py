@@ -41,12 +41,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .consumer_check import CONSUMER_SAFETY_KEYS
 from .history import FaultRecord, Op, parse_records
 
 __all__ = ["StoredFragment", "JournalReadback", "Report", "check", "SAFETY_KEYS"]
 
-SAFETY_KEYS = ("lost", "duplicates", "written_twice", "uncommitted_visible", "divergence",
-               "bad_fragments")
+BROKER_SAFETY_KEYS = ("lost", "duplicates", "written_twice", "uncommitted_visible", "divergence",
+                      "bad_fragments")
+SAFETY_KEYS = BROKER_SAFETY_KEYS + CONSUMER_SAFETY_KEYS
+"""Every count that makes a run UNSAFE; the consumer ones are chaos/consumer_check.py's
+(0 when the run has no consumer group)."""
 _EXAMPLES = 5
 
 
@@ -93,6 +97,15 @@ class Report:
     faults: dict[str, int]
     recovery: dict[str, float | int | None]
     journals: dict[str, dict[str, Any]]
+    consumers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per consumer shard: source, committed offset, head, messages, counted, terms."""
+
+    def add_consumers(self, counts: dict[str, int], examples: dict[str, list[str]],
+                      shards: dict[str, dict[str, Any]]) -> None:
+        """Fold in chaos.consumer_check's result (its safety keys are in SAFETY_KEYS)."""
+        self.counts.update(counts)
+        self.examples.update(examples)
+        self.consumers = shards
 
     @property
     def safe(self) -> bool:
@@ -102,7 +115,7 @@ class Report:
         return {"safe": self.safe, "safety": {k: self.counts[k] for k in SAFETY_KEYS},
                 "counts": self.counts, "appends": self.appends, "faults": self.faults,
                 "recovery_after_primary_kill_s": self.recovery, "journals": self.journals,
-                "examples": self.examples}
+                "consumer_shards": self.consumers, "examples": self.examples}
 
 
 class _Tally:

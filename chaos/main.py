@@ -3,6 +3,7 @@ safety count is above zero.
 
     quire chaos --duration 300 --seed 7 --json chaos.json
     quire chaos --campaign 20 --duration 300 --seed 1 --campaign-doc docs/reliability.md
+    quire chaos --no-consumers          # brokers only (no consumer group, no consumer faults)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tools.services import ServiceError
 
 from .checker import SAFETY_KEYS, Report
 from .runner import ChaosConfig, default_history_path, run_chaos
-from .schedule import FaultKind
+from .schedule import CONSUMER_KINDS, FaultKind
 
 __all__ = ["command", "render", "main"]
 
@@ -62,6 +63,29 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
     if meta.get("skipped_faults"):
         console.print(f"[yellow]faults skipped: {len(meta['skipped_faults'])}[/] "
                       f"({meta['skipped_faults'][0]})")
+    c = report.counts
+    if meta.get("consumers") is not None:
+        cm = meta["consumers"]
+        changes = sum(cm.get("primary_changes", {}).values())
+        console.print(f"consumers: consumer_keys={c.get('consumer_keys', 0)} "
+                      f"consumer_mismatches={c.get('consumer_mismatches', 0)} "
+                      f"consumer_overcounted={c.get('consumer_overcounted', 0)} "
+                      f"consumer_undercounted={c.get('consumer_undercounted', 0)} "
+                      f"consumer_dual_primaries={c.get('consumer_dual_primaries', 0)} "
+                      f"consumer_zombie_commits={c.get('consumer_zombie_commits', 0)} "
+                      f"consumer_bad_offsets={c.get('consumer_bad_offsets', 0)}")
+        console.print(f"consumers: messages={c.get('consumer_messages', 0)} "
+                      f"counted={c.get('consumer_counted', 0)} shard primary changes={changes} "
+                      f"behind={c.get('consumer_behind', 0)} read_errors="
+                      f"{c.get('consumer_read_errors', 0)} caught up in "
+                      f"{cm.get('caught_up_seconds')}s; etcd polls={c.get('consumer_watch_polls', 0)} "
+                      f"(failed {cm.get('watch_failed_polls', 0)}); event appends "
+                      f"{cm.get('event_appends')}")
+        for line in report.examples.get("consumer_mismatches", [])[:5]:
+            console.print(f"  [red]mismatch[/] {line}")
+        for shard, info in sorted(report.consumers.items()):
+            if info.get("first_divergence"):
+                console.print(f"  [red]{shard}[/] {info['first_divergence']}")
     writers = "identified (exactly-once)" if meta.get("identified_writers") else "plain"
     console.print(f"duplicates: {report.counts['duplicates']}  (writers: {writers}; re-sent "
                   f"after an unknown outcome: {meta.get('identified_resent', 0)})")
@@ -89,13 +113,24 @@ def command(
     identified: bool = typer.Option(True, "--identified/--plain",
                                     help="Exactly-once writers: every append carries a txn id and "
                                          "is re-sent until answered (docs/exactly-once.md)."),
+    consumers: bool = typer.Option(True, "--consumers/--no-consumers",
+                                   help="Run a consumer group (count shards, hot standbys) with "
+                                        "kill-consumer / pause-consumer faults and check its "
+                                        "committed counts against a model of its input."),
+    consumer_members: int = typer.Option(3, "--consumer-members", min=1, max=5),
+    consumer_shards: int = typer.Option(4, "--consumer-shards", min=1, max=16),
+    consumer_rate: float = typer.Option(20.0, "--consumer-rate",
+                                        help="Event appends per second to the consumers' "
+                                             "sources (10 JSON lines each)."),
 ) -> None:
     """Run a cluster under a seeded fault schedule while writers append; check the result."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
     cfg = ChaosConfig(duration=duration, seed=seed, coordinators=coordinators,
                       zones=("zone-a", "zone-b", "zone-c")[:max(2, min(3, coordinators - 1))],
                       journals=journals, writers=writers, rate=rate, lease_ttl=lease_ttl,
-                      identified=identified,
+                      identified=identified, consumers=consumers,
+                      consumer_members=consumer_members, consumer_shards=consumer_shards,
+                      consumer_rate=consumer_rate,
                       history_path=str(history) if history else default_history_path(
                           str(json_out) if json_out else None))
     if kinds:
@@ -103,6 +138,8 @@ def command(
             cfg.kinds = tuple(FaultKind(k.strip()) for k in kinds.split(",") if k.strip())
         except ValueError as exc:
             raise typer.BadParameter(f"{exc}; kinds are {', '.join(k.value for k in FaultKind)}")
+    if not consumers:
+        cfg.kinds = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
     console = Console(width=150)
     if campaign:
         _campaign(cfg, campaign, campaign_doc, campaign_dir, console)

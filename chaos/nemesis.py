@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -21,14 +22,24 @@ from topology.etcd import connect, members_prefix, range_op, txn
 from .cluster import CoordinatorService, LocalCluster
 from .history import FaultRecord, History
 from .proxy import Fault, FaultMode, FaultProxy
-from .schedule import FaultEvent, FaultKind
+from .schedule import CONSUMER_KINDS, FaultEvent, FaultKind
 
-__all__ = ["Links", "Nemesis"]
+__all__ = ["ConsumerTargets", "Links", "Nemesis"]
 
 log = structlog.get_logger("chaos.nemesis")
 
 RouteLookup = Callable[[str], Awaitable[tuple[str | None, list[str]]]]
 """journal -> (primary process id "zone#suffix", other member ids)."""
+
+
+class ConsumerTargets(Protocol):
+    """The consumer group the consumer faults act on (chaos/consumer_group.py)."""
+
+    @property
+    def services(self) -> list[Service]: ...
+
+    async def primary_of(self, shard: int) -> tuple[str, Service | None]:
+        """(shard id, the member process holding its primary lock, if any)."""
 
 
 @dataclass
@@ -45,7 +56,9 @@ class Links:
 
 class Nemesis:
     def __init__(self, cluster: LocalCluster, links: Links, history: History,
-                 journals: list[str], routes: RouteLookup) -> None:
+                 journals: list[str], routes: RouteLookup,
+                 consumers: ConsumerTargets | None = None) -> None:
+        self.consumers = consumers
         self.cluster = cluster
         self.links = links
         self.history = history
@@ -78,8 +91,11 @@ class Nemesis:
                 await self.heal_all()
 
     async def apply(self, ev: FaultEvent) -> None:
-        journal = self.journals[ev.journal % len(self.journals)]
         kind = ev.kind
+        if kind in CONSUMER_KINDS:
+            await self._consumer_fault(ev)
+            return
+        journal = self.journals[ev.journal % len(self.journals)]
         if kind in (FaultKind.KILL_PRIMARY, FaultKind.KILL_REPLICA, FaultKind.PAUSE_PRIMARY):
             primary, others = await self.routes(journal)
             pid = primary if kind is not FaultKind.KILL_REPLICA else (others[0] if others else None)
@@ -147,6 +163,31 @@ class Nemesis:
             proxy.heal()
             self.history.healed(rec)
 
+    async def _consumer_fault(self, ev: FaultEvent) -> None:
+        """kill -9 (then restart, same id and data) or SIGSTOP past its lease (then
+        SIGCONT) the member that holds the primary lock of shard `ev.journal`."""
+        kind = ev.kind
+        if self.consumers is None:
+            self.skipped.append(f"{kind.value}@{ev.at}: no consumer group")
+            return
+        shard, target = await self.consumers.primary_of(ev.journal)
+        if target is None or not target.running or target.paused:
+            self.skipped.append(f"{kind.value}@{ev.at}: no running primary for {shard}")
+            log.warning("nemesis.no_target", kind=kind.value, shard=shard)
+            return
+        if kind is FaultKind.PAUSE_CONSUMER:
+            target.pause()
+        else:
+            await asyncio.to_thread(target.kill)
+        rec = self.history.fault(FaultRecord(kind.value, self.history.now(), target=target.name,
+                                             note=f"primary of {shard}"))
+        await asyncio.sleep(ev.duration)
+        if kind is FaultKind.PAUSE_CONSUMER:
+            target.resume()
+        else:
+            await self._restart(target)
+        self.history.healed(rec)
+
     async def _etcd_fault(self, ev: FaultEvent, journal: str) -> None:
         """One etcd call by hand, as an operator (or a restore) would: delete the
         primary's member key, revoke its lease, or compact to the current revision.
@@ -206,6 +247,8 @@ class Nemesis:
                 proxy.heal()
         services: list[Service | None] = [self.cluster.etcd, *self.cluster.coordinators,
                                           self.cluster.worker]
+        if self.consumers is not None:
+            services += self.consumers.services
         for svc in services:
             if svc is None:
                 continue

@@ -33,11 +33,13 @@ from tools.services import free_port
 
 from .checker import Report, check
 from .cluster import LocalCluster, supports_advertise
+from .consumer_check import check_consumers
+from .consumer_group import ConsumerGroup, GroupConfig
 from .history import DEFINITE_STATUSES, History, make_record
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
 from .readback import read_back
-from .schedule import DEFAULT_KINDS, FaultKind, ScheduleConfig, build_schedule
+from .schedule import CONSUMER_KINDS, DEFAULT_KINDS, FaultKind, ScheduleConfig, build_schedule
 
 __all__ = ["ChaosConfig", "run_chaos"]
 
@@ -60,7 +62,7 @@ class ChaosConfig:
     record_bytes: tuple[int, int] = (100, 1000)
     lease_ttl: int = 5
     fragment_length: int = 64 << 10
-    kinds: tuple[FaultKind, ...] = DEFAULT_KINDS + (FaultKind.KILL_WORKER,)
+    kinds: tuple[FaultKind, ...] = DEFAULT_KINDS + (FaultKind.KILL_WORKER,) + CONSUMER_KINDS
     append_timeout: float = 20.0
     history_path: str | None = None
     workdir: str | None = None
@@ -68,6 +70,13 @@ class ChaosConfig:
     """Exactly-once writers (docs/exactly-once.md): every append carries a transaction
     id (a producer per writer, a history per journal) and is re-sent after an unknown
     outcome until answered; the checker's `duplicates` must still be 0."""
+    consumers: bool = True
+    """Run a consumer group (chaos/consumer_group.py) and check its counts; without it
+    the consumer fault kinds are dropped."""
+    consumer_members: int = 3
+    consumer_shards: int = 4
+    consumer_rate: float = 20.0
+    """Event appends per second to the consumers' sources (10 JSON lines each)."""
 
 
 class _ProxiedRoutes(RouteCache):
@@ -305,6 +314,22 @@ async def _barriers(admin: Client, run: _Run, timeout: float = 90.0
     return heads, errors, took
 
 
+def _group(cfg: ChaosConfig) -> ConsumerGroup:
+    return ConsumerGroup(GroupConfig(members=cfg.consumer_members, shards=cfg.consumer_shards,
+                                     rate=cfg.consumer_rate, ttl=float(cfg.lease_ttl)),
+                         seed=cfg.seed, replication=cfg.replication, zones=cfg.zones)
+
+
+async def _start_group(run: _Run, admin: Client, group: ConsumerGroup) -> None:
+    """The consumer group over its own source journals; members reach the coordinators
+    through the client proxies, like the writers."""
+    cluster = run.cluster
+    assert cluster is not None and cluster.etcd is not None
+    await group.start(admin, etcd_url=cluster.etcd.url, root=cluster.root,
+                      store_url=run.store_url, brokers=[p.endpoint for p in run.links.client],
+                      env=cluster.service_env(), workdir=cluster.workdir)
+
+
 def _mapping(run: _Run) -> dict[str, str]:
     """Every endpoint a route may name (real or advertised) -> that coordinator's client proxy."""
     assert run.cluster is not None
@@ -319,9 +344,12 @@ def _mapping(run: _Run) -> dict[str, str]:
 async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     """Run and check; returns the report and the run's metadata (schedule, config...)."""
     run = _Run(cfg, History(cfg.history_path))
+    if not cfg.consumers:
+        cfg.kinds = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
     schedule = build_schedule(ScheduleConfig(
         duration=cfg.duration, seed=cfg.seed, journals=cfg.journals,
-        coordinators=cfg.coordinators, lease_ttl=cfg.lease_ttl, kinds=cfg.kinds))
+        coordinators=cfg.coordinators, lease_ttl=cfg.lease_ttl, kinds=cfg.kinds,
+        shards=cfg.consumer_shards, consumer_ttl=cfg.lease_ttl))
     meta: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()},
                             "schedule": [e.to_json() for e in schedule],
                             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -329,10 +357,15 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     meta["config"]["kinds"] = [k.value for k in cfg.kinds]
     admin: Client | None = None
     writer_client: Client | None = None
+    group: ConsumerGroup | None = None
+    watching: asyncio.Future[None] | None = None
     try:
         admin = await _setup(run)
         assert run.cluster is not None
         meta["peer_links_proxied"] = run.advertise
+        if cfg.consumers:
+            group = _group(cfg)
+            await _start_group(run, admin, group)
         writer_client = _TracingClient([p.endpoint for p in run.links.client], retry_timeout=10.0)
         writer_client.routes = _ProxiedRoutes(writer_client.endpoints, _mapping(run))
 
@@ -340,13 +373,20 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             assert admin is not None
             return await _route(admin, journal)
 
-        nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup)
+        nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup, group)
         stop = asyncio.Event()
         run.history.t0 = time.monotonic()
         started = time.monotonic()
         writers = [asyncio.ensure_future(_writer(i, writer_client, run, stop))
                    for i in range(cfg.writers)]
-        nem = asyncio.ensure_future(nemesis.run(schedule, stop))
+        if group is not None:
+            writers += [asyncio.ensure_future(group.write(i, writer_client, stop))
+                        for i in range(group.cfg.shards)]
+            watching = asyncio.ensure_future(group.watch_primaries())
+        # Two tracks (chaos/schedule.py): broker faults, and consumer faults beside them.
+        nem = asyncio.ensure_future(asyncio.gather(
+            nemesis.run([e for e in schedule if e.kind not in CONSUMER_KINDS], stop),
+            nemesis.run([e for e in schedule if e.kind in CONSUMER_KINDS], stop)))
         tail_client = Client([p.endpoint for p in run.links.client], retry_timeout=10.0)
         tail_client.routes = _ProxiedRoutes(tail_client.endpoints, _mapping(run))
         tail_spans: dict[str, list[tuple[int, bytes]]] = {j: [] for j in run.journals}
@@ -394,9 +434,21 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             rb.unavailable = meta["unavailable_after_heal"].get(rb.journal, "")
             rb.views["reader"] = tail_spans.get(rb.journal, [])
         report = check(readbacks, run.history.ops, run.history.faults)
+        if group is not None:
+            shards, meta["consumers"] = await group.finish(admin)
+            assert watching is not None  # polled through the catch-up too
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            consumer = check_consumers(shards, group.watch)
+            report.add_consumers(consumer.counts, consumer.examples, consumer.shards)
         return report, meta
     finally:
         run.history.close()
+        if watching is not None and not watching.done():
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        if group is not None:
+            await asyncio.to_thread(group.close)
         for c in (writer_client, admin):
             if c is not None:
                 await c.close()

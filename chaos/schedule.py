@@ -1,7 +1,8 @@
 """A seeded fault schedule: what breaks, when, for how long. Pure (no IO, no clock).
 
-The schedule is a list of non-overlapping `FaultEvent`s on a timeline of `duration`
-seconds: a warm-up with no faults, then one fault at a time (each lasting a seeded
+The schedule is a list of `FaultEvent`s on a timeline of `duration` seconds, in two
+tracks (broker faults; consumer faults, which may overlap the broker ones), each
+non-overlapping in itself: a warm-up with no faults, then one fault at a time (each lasting a seeded
 number of seconds, followed by a seeded gap), then a quiet tail (`quiesce`) so every
 journal can recover before the checker reads it back. Kinds are dealt from a shuffled
 deck, so a short run still sees each kind once before any kind repeats. Targets are
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "CONSUMER_KINDS",
     "CONTROL_PLANE_KINDS",
     "NET_MODES",
     "FaultEvent",
@@ -52,6 +54,12 @@ class FaultKind(str, enum.Enum):
     PAUSE_ETCD = "pause-etcd"
     """SIGSTOP etcd past the lease TTL, then SIGCONT: members must stop leading while
     they cannot confirm their leases, and survive leases expiring on wake-up."""
+    KILL_CONSUMER = "kill-consumer"
+    """kill -9 the consumer member that is primary of a shard; restart it afterwards
+    (same id and data dir): its shards move to the others within its lease TTL."""
+    PAUSE_CONSUMER = "pause-consumer"
+    """SIGSTOP a shard's primary consumer member past its lease TTL, then SIGCONT: the
+    zombie must not commit to the shard's recovery log (its successor fenced it)."""
 
 
 NET_MODES = ("blackhole", "delay", "reset", "one-way", "slice")
@@ -69,6 +77,10 @@ DEFAULT_KINDS = (
     FaultKind.PAUSE_ETCD,
 )
 
+CONSUMER_KINDS = (FaultKind.KILL_CONSUMER, FaultKind.PAUSE_CONSUMER)
+"""Faults of the consumer group (`quire chaos` runs one unless --no-consumers). They
+form a second track of the schedule, beside the broker faults: see build_schedule."""
+
 CONTROL_PLANE_KINDS = (FaultKind.DELETE_MEMBER_KEY, FaultKind.REVOKE_LEASE, FaultKind.ETCD_COMPACT,
                        FaultKind.PAUSE_ETCD)
 
@@ -85,7 +97,8 @@ class FaultEvent:
     duration: float
     """Seconds until the fault is healed (restart, SIGCONT, pass)."""
     journal: int = 0
-    """Index of the journal whose route picks the target (process faults)."""
+    """Index of the journal whose route picks the target (process faults); for consumer
+    faults, the index of the shard whose primary member is the target."""
     coordinator: int = 0
     """Index of the coordinator whose link is faulted (network faults)."""
     params: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +123,10 @@ class ScheduleConfig:
     lease_ttl: float = 5.0
     kinds: tuple[FaultKind, ...] = DEFAULT_KINDS
     warmup: float = 5.0
+    shards: int = 4
+    """Consumer shards (consumer faults target the primary of shard `journal`)."""
+    consumer_ttl: float | None = None
+    """Consumer member lease TTL (default: lease_ttl); pause-consumer lasts past it."""
     quiesce: float | None = None
     """Quiet tail; default 20% of the run, between 10 and 60 seconds."""
     fault_seconds: tuple[float, float] | None = None
@@ -137,10 +154,48 @@ def _net_params(rng: random.Random) -> dict[str, Any]:
 
 
 def build_schedule(cfg: ScheduleConfig) -> list[FaultEvent]:
-    """The events of one run, in time order. Same config, same list."""
+    """The events of one run, in time order. Same config, same list.
+
+    Two tracks, each non-overlapping in itself: the broker faults (every kind but the
+    consumer ones, dealt exactly as before consumer faults existed, so a seed's broker
+    schedule does not change when consumers are on) and the consumer faults
+    (CONSUMER_KINDS, from their own seeded deck, one every ~10 s from shortly after the
+    warm-up). Consumer faults hit other processes than broker faults, so the two tracks
+    may overlap in time; a 60 s run sees about three of them."""
     if cfg.duration <= 0:
         raise ValueError(f"duration must be positive, got {cfg.duration}")
-    if not cfg.kinds:
+    broker = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
+    consumer = tuple(k for k in cfg.kinds if k in CONSUMER_KINDS)
+    events = _broker_track(cfg, broker) + _consumer_track(cfg, consumer)
+    return sorted(events, key=lambda ev: ev.at)
+
+
+def _consumer_track(cfg: ScheduleConfig, kinds: tuple[FaultKind, ...]) -> list[FaultEvent]:
+    if not kinds:
+        return []
+    rng = random.Random(f"consumer-{cfg.seed}")
+    ttl = cfg.consumer_ttl if cfg.consumer_ttl is not None else cfg.lease_ttl
+    end = cfg.duration - cfg.tail
+    events: list[FaultEvent] = []
+    deck: list[FaultKind] = []
+    t = cfg.warmup + 3.0  # the group has taken its shards and committed once
+    while True:
+        if not deck:
+            deck = list(kinds)
+            rng.shuffle(deck)
+        kind = deck.pop()
+        length = ttl + rng.uniform(1.0, 4.0) if kind is FaultKind.PAUSE_CONSUMER \
+            else rng.uniform(3.0, 8.0)
+        if t + length > end:
+            break
+        events.append(FaultEvent(at=round(t, 3), kind=kind, duration=round(length, 3),
+                                 journal=rng.randrange(max(1, cfg.shards))))
+        t += length + rng.uniform(3.0, 6.0)
+    return events
+
+
+def _broker_track(cfg: ScheduleConfig, kinds: tuple[FaultKind, ...]) -> list[FaultEvent]:
+    if not kinds:
         return []
     rng = random.Random(cfg.seed)
     end = cfg.duration - cfg.tail
@@ -153,7 +208,7 @@ def build_schedule(cfg: ScheduleConfig) -> list[FaultEvent]:
     gap = cfg.gap_seconds or ((2.0, 4.0) if short else (2.0, 5.0))
     while True:
         if not deck:
-            deck = list(cfg.kinds)
+            deck = list(kinds)
             rng.shuffle(deck)
         kind = deck.pop()
         if kind in (FaultKind.PAUSE_PRIMARY, FaultKind.PAUSE_ETCD):

@@ -33,6 +33,7 @@ def test_table_and_doc_block(tmp_path: Path) -> None:
     lines = text.strip().splitlines()
     assert lines[0].startswith("| seed | acked | faults (/min)")
     assert "| 2 | 98 | 5 (5.0) |" in text and "**NO**" in text and "run failed" in text
+    assert "c-mismatch" in lines[0] and "c-dual" in lines[0]
     assert lines[-1].startswith("| **all** | 196 | 10 (5.0)") and "1/3 safe" in lines[-1]
     doc = tmp_path / "r.md"
     doc.write_text(f"# R\n\nbefore\n{BEGIN}\nold\n{END}\nafter\n")
