@@ -9,7 +9,10 @@ is refused with REGISTER_MISMATCH: a zombie primary cannot write (Gazette's reco
 fencing, done with journal registers).
 
 Replay applies every batch record in log order regardless of author: anything in the
-log was appended while its author held the fence, so it is committed state.
+log was appended while its author held the fence, so it is committed state. A log whose
+head is below the offset a store (or snapshot) was built through has lost committed
+batches: replay refuses it (RecoveryLogRegressed) rather than serve state the log can no
+longer rebuild and append new batches over offsets the store already reflects.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from collections.abc import Callable
 import msgspec
 
 from protocol import LabelSet, parse_selector
-from protocol.errors import RegisterMismatch, ShardFenced
+from protocol.errors import QuireError, RegisterMismatch, ShardFenced
 from quire.client import Client
 
 from .store import Op
 
-__all__ = ["AUTHOR", "LogWriter", "Record", "RecordReader", "encode_record", "fence", "replay"]
+__all__ = ["AUTHOR", "LogWriter", "Record", "RecordReader", "RecoveryLogRegressed", "encode_record",
+           "fence", "replay"]
 
 AUTHOR = "shard-author"
 _LEN = struct.Struct(">I")
@@ -101,11 +105,26 @@ class LogWriter:
         return result.end
 
 
+class RecoveryLogRegressed(QuireError):
+    """The recovery log ends before the offset the local store or snapshot was built
+    through: committed batches are gone from the log (seen under `quire chaos` when a
+    broker lost acknowledged appends). The shard fails rather than go on from a state its
+    log cannot rebuild."""
+
+    def __init__(self, journal: str, begin: int, end: int) -> None:
+        super().__init__(f"recovery log {journal} ends at {end}, below offset {begin} that the "
+                         f"store was built through: committed batches were lost from the log")
+        self.journal, self.begin, self.end = journal, begin, end
+
+
 async def replay(client: Client, journal: str, begin: int, end: int,
                  apply: Callable[[list[Op], int], None],
                  progress: Callable[[int], None] | None = None) -> int:
-    """Apply every batch record in [begin, end) in order; returns the bytes replayed."""
-    if end <= begin:
+    """Apply every batch record in [begin, end) in order; returns the bytes replayed.
+    Raises RecoveryLogRegressed if `end` (the log's head) is below `begin`."""
+    if end < begin:
+        raise RecoveryLogRegressed(journal, begin, end)
+    if end == begin:
         return 0
     reader = RecordReader(begin)
     total = 0
