@@ -42,7 +42,7 @@ from tools.services import Service
 from topology.etcd import connect
 from topology.shards import ShardChange, apply_shards, consumer_root, read_primaries
 
-from .consumer_check import LogState, PrimaryWatch, ShardReadback
+from .consumer_check import PrimaryWatch, ShardReadback
 from .readback import final_read
 
 __all__ = ["ConsumerGroup", "ConsumerService", "GroupConfig"]
@@ -165,9 +165,19 @@ class ConsumerGroup:
             await etcd.close()
 
     async def primary_of(self, shard: int) -> tuple[str, Service | None]:
+        """The member holding the shard's lock; when none can be read (etcd paused, the
+        shard between primaries), member `shard % members`: a consumer fault still hits
+        a consumer member rather than being skipped."""
         shard_id = self.shard_ids[shard % self.cfg.shards]
-        holder = (await self._primaries()).get(shard_id, ("", 0))[0]
-        return shard_id, next((s for s in self.services if s.member_id == holder), None)
+        try:
+            holder = (await self._primaries()).get(shard_id, ("", 0))[0]
+        except Exception as exc:  # noqa: BLE001 - etcd faulted: fall back below
+            log.warning("consumers.primaries_unreadable", error=repr(exc))
+            holder = ""
+        found = next((s for s in self.services if s.member_id == holder), None)
+        if found is None:
+            return f"{shard_id} (no primary seen)", self.services[shard % len(self.services)]
+        return shard_id, found
 
     def close(self) -> None:
         for svc in self.services:

@@ -56,7 +56,7 @@ DEFINITE_STATUSES = frozenset({
 """Statuses a broker answers only for an append it did not commit. The client's
 Unavailable is definite too (raised before the commit was sent, or for an UNAVAILABLE
 answer, which brokers give only before the commit reached a replica; see
-chaos.runner.classify). Everything else (COMMIT_UNKNOWN, ABORTED, PROPOSAL_MISMATCH,
+chaos.writers.classify). Everything else (COMMIT_UNKNOWN, ABORTED, PROPOSAL_MISMATCH,
 INDEX_HAS_GREATER_OFFSET, timeouts, resets) is indefinite."""
 
 _PAD = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"

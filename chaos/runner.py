@@ -13,35 +13,37 @@ proxied appends from its peers cross a second proxy that the nemesis faults apar
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import platform
-import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 
-from quire.client import Client, Producer
-from quire.client.routes import RouteCache
-from protocol import Codec, FragmentSpec, Header, JournalSpec, StatusError
-from protocol.errors import CommitUnknown, Unavailable
+from protocol import Codec, FragmentSpec, JournalSpec
+from quire.client import Client
 from tools.services import free_port
 
 from .checker import Report, check
 from .cluster import LocalCluster, supports_advertise
 from .consumer_check import check_consumers
 from .consumer_group import ConsumerGroup, GroupConfig
-from .history import DEFINITE_STATUSES, History, make_record
+from .history import History
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
 from .readback import read_back
-from .schedule import CONSUMER_KINDS, DEFAULT_KINDS, FaultKind, ScheduleConfig, build_schedule
+from .schedule import (
+    CONSUMER_KINDS,
+    DEFAULT_KINDS,
+    FaultKind,
+    ScheduleConfig,
+    build_schedule,
+)
+from .writers import ProxiedRoutes, TracingClient, classify, tail, writer
 
-__all__ = ["ChaosConfig", "run_chaos"]
+__all__ = ["ChaosConfig", "classify", "run_chaos"]
 
 log = structlog.get_logger("chaos.runner")
 
@@ -79,59 +81,6 @@ class ChaosConfig:
     """Event appends per second to the consumers' sources (10 JSON lines each)."""
 
 
-class _ProxiedRoutes(RouteCache):
-    """A RouteCache that sends every learned endpoint through its client proxy."""
-
-    def __init__(self, seeds: list[str], mapping: dict[str, str]) -> None:
-        super().__init__(seeds)
-        self.mapping = mapping
-
-    def update(self, journal: str, header: Header | None) -> None:
-        if header is not None and header.route.endpoints:
-            route = msgspec.structs.replace(header.route, endpoints=tuple(
-                self.mapping.get(e, e) for e in header.route.endpoints))
-            header = msgspec.structs.replace(header, route=route)
-        super().update(journal, header)
-
-
-_attempts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attempts", default=None)
-
-
-class _TracingClient(Client):
-    """Records the outcome of every attempt of an append (the client retries inside
-    `append`), so a duplicate can be traced to the answer that made it retry."""
-
-    async def _append_once(self, endpoint, request, body):  # type: ignore[no-untyped-def]
-        log_ = _attempts.get()
-        try:
-            response = await super()._append_once(endpoint, request, body)
-        except BaseException as exc:
-            if log_ is not None:
-                log_.append(f"{endpoint}: {type(exc).__name__}: {exc}"[:200])
-            raise
-        if log_ is not None:
-            log_.append(f"{endpoint}: {response.status.name}")
-        return response
-
-
-def classify(exc: BaseException) -> str:
-    """fail (definitely not committed) or info (unknown)."""
-    if isinstance(exc, CommitUnknown):
-        # COMMIT_UNKNOWN answered, or the connection was lost / timed out after the
-        # commit was sent: the record may appear once or not at all.
-        return "info"
-    if isinstance(exc, StatusError):
-        if "outcome unknown" in str(exc):
-            return "info"
-        if exc.status in DEFINITE_STATUSES:
-            return "fail"
-        # Unavailable before the commit was sent, or answered as a routing status by a
-        # broker: the client guarantees it was not committed.
-        if isinstance(exc, Unavailable):
-            return "fail"
-    return "info"
-
-
 @dataclass
 class _Run:
     cfg: ChaosConfig
@@ -144,78 +93,6 @@ class _Run:
     advertise: bool = False
     resent: int = 0
     """Identified appends re-sent after an unknown outcome (the broker dedups them)."""
-
-
-async def _writer(i: int, client: Client, run: _Run, stop: asyncio.Event) -> None:
-    cfg, history = run.cfg, run.history
-    rng = random.Random(cfg.seed * 1000 + i)
-    interval = cfg.writers / cfg.rate
-    next_t = time.monotonic()
-    seq = 0
-    producer = Producer.start(f"chaos-w{i}", run.cluster.workdir / "producers") \
-        if cfg.identified else None
-    txns: dict[str, Any] = {}  # journal -> its History (one per journal stream)
-    while not stop.is_set():
-        seq += 1
-        # Writer i owns journals i, i+W, ...: a journal that is down stalls only its
-        # own writers, and each journal's unavailability shows in its own history.
-        journal = rng.choice(run.journals[i % len(run.journals)::cfg.writers]
-                             or run.journals)
-        uid, data = make_record(i, seq, rng.randint(*cfg.record_bytes), rng)
-        op = history.invoke(uid, i, seq, journal, len(data))
-        attempts: list[str] = []
-        _attempts.set(attempts)
-        txn = None
-        if producer is not None:
-            txn = (txns.get(journal) or txns.setdefault(journal, producer.history())).next()
-        unknown = False  # an attempt of this txn may have landed
-        while True:
-            try:
-                res = await asyncio.wait_for(client.append(journal, data, retry_timeout=10.0,
-                                                           txn=txn), cfg.append_timeout)
-            except Exception as exc:  # noqa: BLE001 - every outcome is recorded
-                outcome = "info" if isinstance(exc, asyncio.TimeoutError) else classify(exc)
-                refused = isinstance(exc, StatusError) and 20 <= exc.status < 30
-                if txn is not None and not refused and (outcome == "info" or unknown) \
-                        and (not stop.is_set() or not unknown):
-                    # Identified: re-send the same txn until an authoritative answer (a
-                    # definite failure after an unknown one says nothing of the first).
-                    unknown = True
-                    run.resent += 1
-                    continue
-                if (outcome == "fail" or refused) and txn is not None and not unknown:
-                    txns[journal].unused(txn)  # not written: the next append reuses it
-                history.complete(op, "info" if unknown and not refused else
-                                 "fail" if refused else outcome,
-                                 error=f"{type(exc).__name__}: {exc}"[:300], attempts=attempts)
-            else:
-                history.complete(op, "ok", begin=res.begin, end=res.end, attempts=attempts)
-            break
-        next_t += interval
-        now = time.monotonic()
-        if next_t < now - 1.0:
-            next_t = now  # fell behind during a fault: do not burst afterwards
-        await asyncio.sleep(max(0.0, next_t - now))
-
-
-async def _tail(client: Client, journal: str, spans: list[tuple[int, bytes]],
-                errors: list[str]) -> None:
-    """Follow a journal from 0 for the whole run, keeping what it saw (cancelled at the
-    end). The Reader retries through route changes; anything else restarts it."""
-    offset = 0
-    while True:
-        try:
-            async for off, data in client.read(journal, offset, follow=True):
-                if spans and spans[-1][0] + len(spans[-1][1]) == off:
-                    spans[-1] = (spans[-1][0], spans[-1][1] + data)
-                else:
-                    spans.append((off, data))
-                offset = off + len(data)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - counted; the reader starts again
-            errors.append(f"{journal}: {type(exc).__name__}: {exc}"[:200])
-            await asyncio.sleep(0.5)
 
 
 async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
@@ -366,8 +243,8 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         if cfg.consumers:
             group = _group(cfg)
             await _start_group(run, admin, group)
-        writer_client = _TracingClient([p.endpoint for p in run.links.client], retry_timeout=10.0)
-        writer_client.routes = _ProxiedRoutes(writer_client.endpoints, _mapping(run))
+        writer_client = TracingClient([p.endpoint for p in run.links.client], retry_timeout=10.0)
+        writer_client.routes = ProxiedRoutes(writer_client.endpoints, _mapping(run))
 
         async def lookup(journal: str) -> tuple[str | None, list[str]]:
             assert admin is not None
@@ -377,7 +254,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         stop = asyncio.Event()
         run.history.t0 = time.monotonic()
         started = time.monotonic()
-        writers = [asyncio.ensure_future(_writer(i, writer_client, run, stop))
+        writers = [asyncio.ensure_future(writer(i, writer_client, run, stop))
                    for i in range(cfg.writers)]
         if group is not None:
             writers += [asyncio.ensure_future(group.write(i, writer_client, stop))
@@ -388,10 +265,10 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             nemesis.run([e for e in schedule if e.kind not in CONSUMER_KINDS], stop),
             nemesis.run([e for e in schedule if e.kind in CONSUMER_KINDS], stop)))
         tail_client = Client([p.endpoint for p in run.links.client], retry_timeout=10.0)
-        tail_client.routes = _ProxiedRoutes(tail_client.endpoints, _mapping(run))
+        tail_client.routes = ProxiedRoutes(tail_client.endpoints, _mapping(run))
         tail_spans: dict[str, list[tuple[int, bytes]]] = {j: [] for j in run.journals}
         tail_errors: list[str] = []
-        tails = [asyncio.ensure_future(_tail(tail_client, j, tail_spans[j], tail_errors))
+        tails = [asyncio.ensure_future(tail(tail_client, j, tail_spans[j], tail_errors))
                  for j in run.journals]
         await asyncio.sleep(cfg.duration)
         stop.set()

@@ -50,7 +50,10 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
                                                help="Seconds between re-listings of selector "
                                                     "sources (new matching journals are read)."),
         metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on "
-                                         "127.0.0.1:<port> (0 = off)."),
+                                         "<metrics-addr>:<port> (0 = off)."),
+        metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr",
+                                         help="Address of the metrics server (0.0.0.0 when "
+                                              "Prometheus scrapes from another container)."),
         log_level: str = typer.Option("INFO", "--log-level"),
         log_format: str = typer.Option("auto", "--log-format")) -> None:
     """Register a member, take shards the allocator places here, and process them."""
@@ -71,7 +74,7 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
     if metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr="127.0.0.1")
+        start_http_server(metrics_port, addr=metrics_addr)
     raise typer.Exit(asyncio.run(_main(application, etcd_url, prefix, endpoints, me, directory,
                                        ttl, limit, snapshot_interval, selector_refresh)))
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 from chaos.checker import SAFETY_KEYS, Report
 from chaos.consumer_check import (
     CONSUMER_SAFETY_KEYS,
-    LogState,
     PrimaryWatch,
     ShardReadback,
     check_consumers,
     model_counts,
 )
-from chaos.schedule import CONSUMER_KINDS, DEFAULT_KINDS, FaultKind, ScheduleConfig, build_schedule
+from chaos.schedule import (
+    CONSUMER_KINDS,
+    DEFAULT_KINDS,
+    FaultKind,
+    ScheduleConfig,
+    build_schedule,
+)
 from consumers.recoverylog import Record, RecordReader, encode_record
 from consumers.store import OFFSET_PREFIX
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaos.runner import _ProxiedRoutes, classify
+from chaos.writers import ProxiedRoutes as _ProxiedRoutes, classify
 from protocol import Header, ProcessId, Route, Status
 from protocol.errors import (
     Aborted,

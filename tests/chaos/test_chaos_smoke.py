@@ -1,4 +1,5 @@
-"""`quire chaos --duration 60` end to end: a real cluster, real faults, zero anomalies."""
+"""`quire chaos --duration 60` end to end: a real cluster, real faults, zero anomalies —
+the brokers' and the consumer group's (count shards, kill-consumer / pause-consumer)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,12 @@ def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
     # Identified (exactly-once) writers by default, and duplicates counted explicitly.
     assert summary["run"]["identified_writers"] is True
     assert "duplicates: 0  (writers: identified" in proc.stdout, proc.stdout[-3000:]
+    # The consumer group ran, was faulted, and its committed counts equal the model.
+    counts = summary["counts"]
+    assert counts["consumer_keys"] > 0 and counts["consumer_messages"] > 0, counts
+    assert counts["consumer_watch_polls"] > 20, counts
+    assert summary["faults"].get("kill-consumer", 0) + summary["faults"].get("pause-consumer", 0) >= 1
+    for key in ("consumer_mismatches", "consumer_overcounted", "consumer_undercounted",
+                "consumer_dual_primaries", "consumer_zombie_commits"):
+        assert safety[key] == 0, (key, summary["examples"].get(key))
+    assert "consumer_mismatches=0" in proc.stdout, proc.stdout[-3000:]

@@ -29,7 +29,7 @@ from .conftest import create_journals, journal
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_a_log_below_the_store_fails_the_shard(coordinators, etcd_client, etcd_root) -> None:  # noqa: ANN001
+async def test_a_log_below_the_store_fails_the_shard(coordinators, etcd_client, etcd_root) -> None:
     env = coordinators
     spec = ShardSpec(id="c-regressed", sources=(ShardSource(journal="src/regressed"),),
                      recovery_log_prefix="recovery")
