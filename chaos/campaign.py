@@ -32,7 +32,8 @@ _SHORT = {"lost": "lost", "duplicates": "dup", "written_twice": "twice",
           "bad_fragments": "bad frag", "consumer_mismatches": "c-mismatch",
           "consumer_overcounted": "c-over", "consumer_undercounted": "c-under",
           "consumer_dual_primaries": "c-dual", "consumer_zombie_commits": "c-zombie",
-          "consumer_bad_offsets": "c-offset"}
+          "consumer_bad_offsets": "c-offset", "consumer_output_mismatches": "c-out",
+          "consumer_output_duplicates": "c-out-dup"}
 
 
 def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> dict[str, Any]:

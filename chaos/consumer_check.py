@@ -30,6 +30,12 @@ Safety counts (each must be 0):
                            committed, which the log's register check must refuse
   consumer_bad_offsets     a committed read-through offset past the source's final head or
                            not at a message boundary
+  consumer_output_mismatches  (shard, key) pairs whose last total published to the output
+                           journal differs from the committed count (shards that caught up
+                           only: outputs are exactly-once, docs/exactly-once.md, so once a
+                           shard is idle its published totals are its state)
+  consumer_output_duplicates  a (shard, key, count) line published more than once (counts
+                           only grow, so each total is published once)
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ __all__ = ["CONSUMER_SAFETY_KEYS", "ConsumerReport", "LogState", "PrimaryWatch",
 
 CONSUMER_SAFETY_KEYS = ("consumer_mismatches", "consumer_overcounted", "consumer_undercounted",
                         "consumer_dual_primaries", "consumer_zombie_commits",
-                        "consumer_bad_offsets")
+                        "consumer_bad_offsets", "consumer_output_mismatches",
+                        "consumer_output_duplicates")
 _EXAMPLES = 5
 _COUNT_PREFIX = b"c/"
 
@@ -211,12 +218,32 @@ class ConsumerReport:
     shards: dict[str, dict[str, Any]]
 
 
-def check_consumers(shards: Sequence[ShardReadback], watch: PrimaryWatch) -> ConsumerReport:
+def published_totals(data: bytes) -> tuple[dict[tuple[str, str], list[int]], int]:
+    """Every total the Counts example published, in journal order, per (shard, key), and
+    the number of lines that are no such total."""
+    out: dict[tuple[str, str], list[int]] = {}
+    bad = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = _json.decode(line)
+            out.setdefault((str(row["shard"]), str(row["key"])), []).append(int(row["count"]))
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+            bad += 1
+    return out, bad
+
+
+def check_consumers(shards: Sequence[ShardReadback], watch: PrimaryWatch,
+                    output: bytes | None = None) -> ConsumerReport:
+    """`output`: the output journal read back (None: outputs are not checked)."""
     counts = {k: 0 for k in CONSUMER_SAFETY_KEYS}
     counts.update(consumer_keys=0, consumer_messages=0, consumer_counted=0, consumer_behind=0,
                   consumer_read_errors=0, consumer_primary_changes=sum(watch.changes.values()),
-                  consumer_watch_polls=watch.polls)
+                  consumer_watch_polls=watch.polls, consumer_outputs_checked=0,
+                  consumer_output_garbage=0)
     examples: dict[str, list[str]] = {}
+    published, counts["consumer_output_garbage"] = published_totals(output or b"")
 
     def add(key: str, example: str, n: int = 1) -> None:
         counts[key] = counts.get(key, 0) + n
@@ -270,4 +297,19 @@ def check_consumers(shards: Sequence[ShardReadback], watch: PrimaryWatch) -> Con
         if counts["consumer_mismatches"] > before:
             info["first_divergence"] = first_divergence(sh.log, sh.source, sh.source_data,
                                                         sh.source_begin)
+        if output is None:
+            continue
+        for (shard, key), totals in published.items():
+            if shard == sh.shard and len(totals) != len(set(totals)):
+                dup = sorted({n for n in totals if totals.count(n) > 1})
+                add("consumer_output_duplicates", f"{shard} key {key!r}: totals {dup} published "
+                                                  f"more than once")
+        if committed < head or sh.log_error:
+            continue  # not idle: its last transaction's outputs may still be in flight
+        for key in sorted(set(state) | {k for s_, k in published if s_ == sh.shard}):
+            counts["consumer_outputs_checked"] += 1
+            last = published.get((sh.shard, key), [None])[-1]
+            if last != state.get(key):
+                add("consumer_output_mismatches", f"{sh.shard} key {key!r}: last published total "
+                                                  f"{last}, committed {state.get(key)}")
     return ConsumerReport(counts, examples, per_shard)

@@ -12,7 +12,8 @@
              `watch` polls the consumer keys in etcd (dual primaries, primary changes).
     finish:  after healing, wait (bounded) until every shard's *committed* read-through
              offset - from its recovery log, replayed here - reaches its source's head;
-             read the sources back; `consumer_check.check_consumers` compares.
+             read the sources and the output journal back; `consumer_check.check_consumers`
+             compares.
 
 The sources are the group's own (not the broker checker's `q1` records, which are not
 JSON and which Counts would skip): the model is then exactly "count the keys of the
@@ -108,6 +109,8 @@ class ConsumerGroup:
     appends: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0})
     etcd_url: str = ""
     root: str = "/quire"
+    output: bytes | None = None
+    """The output journal as read back by `finish` (None if it could not be read)."""
 
     @property
     def shard_ids(self) -> list[str]:
@@ -280,6 +283,8 @@ class ConsumerGroup:
             rb = await final_read(admin, sh.source)
             sh.source_data, sh.source_begin = rb.final, rb.final_begin
             sh.source_error = rb.read_error
+        out = await final_read(admin, OUTPUT)
+        self.output = None if out.read_error else out.final
         meta = {"caught_up_seconds": caught_up, "event_appends": dict(self.appends),
                 "watch_failed_polls": self.watch.failed_polls,
                 "primary_changes": dict(sorted(self.watch.changes.items())),

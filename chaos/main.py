@@ -73,7 +73,10 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
                       f"consumer_undercounted={c.get('consumer_undercounted', 0)} "
                       f"consumer_dual_primaries={c.get('consumer_dual_primaries', 0)} "
                       f"consumer_zombie_commits={c.get('consumer_zombie_commits', 0)} "
-                      f"consumer_bad_offsets={c.get('consumer_bad_offsets', 0)}")
+                      f"consumer_bad_offsets={c.get('consumer_bad_offsets', 0)} "
+                      f"consumer_output_mismatches={c.get('consumer_output_mismatches', 0)} "
+                      f"consumer_output_duplicates={c.get('consumer_output_duplicates', 0)} "
+                      f"(outputs checked {c.get('consumer_outputs_checked', 0)})")
         console.print(f"consumers: messages={c.get('consumer_messages', 0)} "
                       f"counted={c.get('consumer_counted', 0)} shard primary changes={changes} "
                       f"behind={c.get('consumer_behind', 0)} read_errors="

@@ -316,7 +316,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             assert watching is not None  # polled through the catch-up too
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            consumer = check_consumers(shards, group.watch)
+            consumer = check_consumers(shards, group.watch, group.output)
             report.add_consumers(consumer.counts, consumer.examples, consumer.shards)
         return report, meta
     finally:

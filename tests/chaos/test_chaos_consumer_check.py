@@ -166,3 +166,27 @@ def test_consumer_faults_are_a_second_track_that_leaves_the_broker_one_alone() -
             if ev.kind is FaultKind.PAUSE_CONSUMER:
                 assert ev.duration > 5.0  # past the member's lease
     assert [e.at for e in both] == sorted(e.at for e in both)
+
+
+def out_line(shard: str, key: str, n: int) -> bytes:
+    return b'{"shard":"%s","key":"%s","count":%d}\n' % (shard.encode(), key.encode(), n)
+
+
+def test_published_totals_must_end_at_the_committed_state_once_each() -> None:
+    data = source("aab")
+    records = [Record(author="x", fence=True), batch("x", {"a": 2, "b": 1}, len(data))]
+    good = out_line("chaos-count-0", "a", 1) + out_line("chaos-count-0", "a", 2) + \
+        out_line("chaos-count-0", "b", 1)
+    report = check_consumers([shard_of(records, data)], PrimaryWatch(), good)
+    assert safety(report.counts) == {} and report.counts["consumer_outputs_checked"] == 2
+    # A stale last total (the last transaction's outputs never sent) and a total sent twice.
+    bad = out_line("chaos-count-0", "a", 1) + out_line("chaos-count-0", "b", 1) + \
+        out_line("chaos-count-0", "b", 1)
+    report = check_consumers([shard_of(records, data)], PrimaryWatch(), bad)
+    assert report.counts["consumer_output_mismatches"] == 1
+    assert "'a': last published total 1, committed 2" in report.examples["consumer_output_mismatches"][0]
+    assert report.counts["consumer_output_duplicates"] == 1
+    # A shard still behind its source is not held to its outputs (they may be in flight).
+    behind = [Record(author="x", fence=True), batch("x", {"a": 2}, len(source("aa")))]
+    report = check_consumers([shard_of(behind, data)], PrimaryWatch(), b"")
+    assert report.counts["consumer_output_mismatches"] == 0 and report.counts["consumer_behind"] == 1
