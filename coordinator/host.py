@@ -69,6 +69,7 @@ class Host:
         self.cfg = cfg
         self.me = ProcessId(cfg.zone, cfg.suffix)
         self.files = DiskFiles(cfg.spool_dir)
+        self.files.before_seal = self._before_seal
         self.persister: Persister = persister or LocalPersister()
         holder = getattr(self.persister, "_quire_holder", None)
         if isinstance(holder, dict):
@@ -164,6 +165,11 @@ class Host:
         if pln is not None:
             await pln.close()
             replica.spool_lock.release()
+
+    def _before_seal(self, fragment: Fragment) -> None:
+        r = self.replicas.get(fragment.journal)
+        if r is not None and isinstance(r.spool.producers, LoggedProducerTable):
+            r.spool.producers.flush()  # the fragment's marks, before its file is sealed
 
     def _on_closed(self, fragment: Fragment, path: str | None, primary: bool) -> None:
         r = self.replicas.get(fragment.journal)

@@ -24,8 +24,10 @@ later record describes the open spool — plus the marks of a sealed fragment fi
 on disk at the restart (the process died between the file's seal and its record); a
 re-send of a transaction after that is written again, once. The durability step is the
 spool's own: records are written with `os.write` as the spool adopts the commits they
-describe (no fsync, as the spool has none), so they survive a kill -9 of the process
-exactly as the spool's files do; an operating-system crash loses the page cache of both.
+describe (no fsync, as the spool has none), buffered up to `FLUSH_RECORDS` and always
+written before a spool file is sealed, so a sealed fragment's marks survive a kill -9 of
+the process exactly as its file does; an operating-system crash loses the page cache of
+both.
 
 **Bounded.** At a seal, once the file has passed `max(COMPACT_BYTES, 2 x its size after
 the last rewrite)`, it is rewritten as `[Restored(table), Sealed(end)]` (tmp file +
@@ -33,9 +35,9 @@ rename: whole or absent, never torn). The table is bounded (producers.py), so th
 is bounded by ~2 snapshots (< ~1.5 MiB) plus one fragment's identified commits
 (~90 bytes each) — a fragment's length, or its flush interval, bounds those.
 
-**Torn records.** Each record is framed `u32 length | u32 crc32 | msgpack`; replay stops
-at the first short or corrupt frame (a kill mid-write tears only the last), and the log
-is rewritten at open, so new records never follow a torn one.
+**Torn records.** Each write is one frame `u32 length | u32 crc32 | msgpack [records]`;
+replay stops at the first short or corrupt frame (a kill mid-write tears only the
+last), and the log is rewritten at open, so new records never follow a torn one.
 
 The codec and `replay()` are pure (bytes in, table out); `MarksLog` is the file and
 `LoggedProducerTable` the table that writes through it.
@@ -55,14 +57,16 @@ from protocol import ProducerMark, ProducerSnapshot
 
 from .producers import DEFAULT_EXPIRY, DEFAULT_LIMIT, ProducerTable
 
-__all__ = ["COMPACT_BYTES", "LOG_FILE", "Dropped", "LoggedProducerTable", "Marked",
+__all__ = ["COMPACT_BYTES", "FLUSH_RECORDS", "LOG_FILE", "Dropped", "LoggedProducerTable", "Marked",
            "MarksLog", "Record", "Replayed", "Restored", "Sealed", "decode_records",
-           "encode_record", "replay"]
+           "encode_record", "encode_records", "replay"]
 
 LOG_FILE = ".producers.log"
 """No journal name segment starts with '.', so this never collides with a journal."""
 COMPACT_BYTES = 256 << 10
 """The log is rewritten as one snapshot once it passes max(this, 2 x its last rewrite)."""
+FLUSH_RECORDS = 256
+"""Records buffered before one write (a seal flushes sooner)."""
 
 
 class Marked(msgspec.Struct, frozen=True, array_like=True, tag="m"):
@@ -85,12 +89,17 @@ Record = Marked | Restored | Dropped | Sealed
 
 _HEAD = struct.Struct("<II")
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Record)
+_decoder = msgspec.msgpack.Decoder(list[Record])
+
+
+def encode_records(records: list[Record]) -> bytes:
+    """One frame holding `records`: written, and read back, all or none."""
+    body = _encoder.encode(records)
+    return _HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
 def encode_record(rec: Record) -> bytes:
-    body = _encoder.encode(rec)
-    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+    return encode_records([rec])
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +125,7 @@ def decode_records(data: bytes | memoryview) -> tuple[list[Record], int]:
         if len(body) < size or zlib.crc32(body) != crc:
             break
         try:
-            out.append(_decoder.decode(body))
+            out.extend(_decoder.decode(body))
         except (msgspec.DecodeError, msgspec.ValidationError):
             break
         pos += _HEAD.size + size
@@ -165,20 +174,26 @@ class MarksLog:
         self._bound = compact_bytes
         self._fd = -1
 
-    def write(self, rec: Record) -> bool:
-        """Append one record; True once the log has grown past its bound (compact it)."""
-        frame = encode_record(rec)
+    def write(self, records: list[Record]) -> None:
+        """Append records, in one write."""
+        data = encode_records(records)
         if self._fd < 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, frame)  # regular files: whole, or the process is gone
-        self.size += len(frame)
+        view = memoryview(data)
+        while view:  # a regular file takes it whole (or the process is gone)
+            view = view[os.write(self._fd, view):]
+        self.size += len(data)
+
+    @property
+    def over_bound(self) -> bool:
+        """Grown past max(compact_bytes, 2 x the last rewrite): time to compact."""
         return self.size > self._bound
 
     def rewrite(self, records: list[Record]) -> None:
         """Replace the whole log (whole or absent: tmp file + rename)."""
         self.close()
-        data = b"".join(encode_record(r) for r in records)
+        data = encode_records(records)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(LOG_FILE + ".tmp")
         tmp.write_bytes(data)
@@ -202,16 +217,25 @@ class MarksLog:
 
 
 class LoggedProducerTable(ProducerTable):
-    """A ProducerTable whose every change is also appended to its MarksLog, plus the
-    seals the replica reports (`sealed`). Decisions (`check`) are the pure table's."""
+    """A ProducerTable whose every change is also recorded in its MarksLog, plus the
+    seals the replica reports. Decisions (`check`) are the pure table's.
 
-    __slots__ = ("log", "sealed_end")
+    Records are buffered and written in one `os.write` when `flush_records` have
+    gathered, just before a spool file is sealed (`flush`, called by the file's seal:
+    spool_files.DiskFiles.before_seal) and with each seal's own record (`sealed`,
+    after the file is renamed). Buffering loses nothing replay would use: it rolls
+    back to the last seal, and every mark before a seal is flushed before the seal's
+    file is renamed — so a sealed file found on disk always has its marks in the log."""
+
+    __slots__ = ("log", "sealed_end", "flush_records", "_pending")
 
     def __init__(self, journal: str, log: MarksLog, *, limit: int = DEFAULT_LIMIT,
-                 expiry: float = DEFAULT_EXPIRY) -> None:
+                 expiry: float = DEFAULT_EXPIRY, flush_records: int = FLUSH_RECORDS) -> None:
         super().__init__(journal, limit=limit, expiry=expiry)
         self.log = log
         self.sealed_end = 0
+        self.flush_records = max(1, flush_records)
+        self._pending: list[Record] = []
 
     @classmethod
     def open(cls, journal: str, path: str | Path, recovered: bytes | None = None,
@@ -235,21 +259,29 @@ class LoggedProducerTable(ProducerTable):
         return not self._gens and not self._hists
 
     def compact(self) -> None:
+        """Rewrite the log as the table (at a seal: nothing may be pending)."""
+        self._pending.clear()
         if self.empty:
             self.log.clear()  # the seal is kept in memory and written before a mark
         else:
             self.log.rewrite([Restored(self.snapshot()), Sealed(self.sealed_end)])
 
     def _write(self, rec: Record) -> None:
-        if self.log.size == 0:
+        pending = self._pending
+        if not pending and self.log.size == 0:
             if self.empty:
                 return  # nothing to remember: journals without producers keep no file
             if self.sealed_end and not isinstance(rec, Sealed):
-                self.log.write(Sealed(self.sealed_end))  # the seals before the first mark
-        if self.log.write(rec) and isinstance(rec, Sealed):
-            # Only at a seal: then the table is exactly the state replay rolls back to.
-            # Between seals the log grows by one fragment's identified commits at most.
-            self.compact()
+                pending.append(Sealed(self.sealed_end))  # the seals before the first mark
+        pending.append(rec)
+        if len(pending) >= self.flush_records:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered (before a spool file is sealed, and when full)."""
+        if self._pending:
+            records, self._pending = self._pending, []
+            self.log.write(records)
 
     def apply(self, mark: ProducerMark) -> None:
         super().apply(mark)
@@ -266,12 +298,19 @@ class LoggedProducerTable(ProducerTable):
         return n
 
     def sealed(self, end: int) -> None:
-        """The spool closed a fragment at `end` (its file is sealed, so it survives)."""
-        if end > self.sealed_end:
-            self.sealed_end = end
-            self._write(Sealed(end))
+        """The spool closed a fragment at `end` and its file is sealed (renamed), so it
+        survives a restart. At a seal, the table is exactly the state replay rolls back
+        to: the moment to compact, once the log has grown past its bound."""
+        if end <= self.sealed_end:
+            return
+        self.sealed_end = end
+        self._write(Sealed(end))
+        self.flush()
+        if self.log.over_bound:
+            self.compact()
 
     def close(self) -> None:
+        self.flush()
         self.log.close()
 
 

@@ -10,6 +10,7 @@ the IO it is given.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -99,6 +100,8 @@ class DiskFile:
         # Name the closed file after its content so a restart (or an operator) can tell
         # what it holds; the open fd is unaffected by the rename.
         assert self.path is not None
+        if self._files is not None and self._files.before_seal is not None:
+            self._files.before_seal(fragment)
         sealed = Path(self.path).with_name(f"{fragment.begin:016x}-{fragment.end:016x}-{fragment.sum}.raw")
         os.ftruncate(self._fd, fragment.end - fragment.begin)
         os.rename(self.path, sealed)
@@ -129,6 +132,9 @@ class DiskFiles:
 
     def __init__(self, root: str | Path, recycle: int = 4) -> None:
         self.root = Path(root)
+        self.before_seal: Callable[[Fragment], None] | None = None
+        """Called as a file is sealed, before its rename: what describes the fragment's
+        content must be on disk before a restart can recover it (producer_log.py)."""
         self._limit = recycle
         self._free: list[tuple[int, Path]] = []
         self._seq = 0

@@ -40,15 +40,16 @@ ops = st.lists(st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, limit=st.integers(2, 6), compact=st.sampled_from([64, 200, 1 << 20]),
-       cut=st.data())
-def test_any_truncation_replays_to_the_table_at_a_seal(ops, limit, compact, cut) -> None:  # noqa: ANN001
+       flush=st.sampled_from([1, 3, 256]), cut=st.data())
+def test_any_truncation_replays_to_the_table_at_a_seal(ops, limit, compact, flush, cut) -> None:  # noqa: ANN001
     """The oracle: a log cut at any byte (after its last rewrite, which is renamed into
     place whole) replays to the live table exactly as it was at the last seal whose
     record the cut keeps — never a mark of the open spool, never a history forgotten
     that the seal knew."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / LOG_FILE
-        live = LoggedProducerTable.open(J, path, None, limit=limit, compact_bytes=compact)
+        live = LoggedProducerTable.open(J, path, None, limit=limit, compact_bytes=compact,
+                                        flush_records=flush)
         end, txns, at = 0, {}, 0
         # (log bytes at the seal, the table then): the seals of the current file.
         seals: list[tuple[bytes, ProducerSnapshot]] = [(b"", ProducerSnapshot())]
@@ -64,6 +65,7 @@ def test_any_truncation_replays_to_the_table_at_a_seal(ops, limit, compact, cut)
             elif op[0] == "seal":
                 if end <= live.sealed_end:
                     continue
+                live.flush()  # the file's seal flushes first (DiskFiles.before_seal)
                 live.sealed(end)
             elif op[0] == "drop":
                 end = min(end, max(op[1], live.sealed_end))  # sealed bytes never drop
@@ -132,6 +134,8 @@ def test_journals_without_producers_keep_no_file(tmp_path: Path) -> None:
     table.restore(ProducerSnapshot())
     assert not path.exists()
     table.apply(ProducerMark("w", 1, 1, 1, 100, 110, "s", 1))
+    assert not path.exists()  # buffered until a seal (or FLUSH_RECORDS)
+    table.flush()
     got, sealed = _replayed(path.read_bytes(), table.limit)
     assert sealed == 100 and got.marks == ()  # 110 is past the last seal
     table.sealed(110)
