@@ -1,11 +1,16 @@
-"""The output ledger (consumers/outputs.py): identifiers of a shard's outputs."""
+"""The output ledger (consumers/outputs.py): identifiers of a shard's outputs, and a
+property of the generation decision against the broker's real producer table."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumers.faults import fault_point
 from consumers.outputs import LEDGER_KEY, OutputLedger, ledger_of, producer_name
+from coordinator.producers import ProducerTable
+from protocol import ProducerMark
 from protocol.producers import validate_identity
 
 
@@ -51,3 +56,76 @@ def test_fault_point_is_inert_without_its_variable(monkeypatch) -> None:  # noqa
     fault_point("after-commit")
     monkeypatch.setenv("QUIRE_CONSUMER_FAULT", "after-outputs@2")
     fault_point("after-commit")  # another point: nothing happens
+
+
+# -- the generation decision, against the broker's real producer table ----------------
+
+
+
+class Broker:
+    """Output journals with the primary's dedup (coordinator/producers.py)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, ProducerTable] = {}
+        self.content: dict[str, list[bytes]] = {}
+
+    def append(self, producer: str, intent) -> str:  # noqa: ANN001
+        t = self.tables.setdefault(intent.journal, ProducerTable(intent.journal))
+        v = t.check(producer, intent.generation, intent.history, intent.txn)
+        if v.new:
+            data = self.content.setdefault(intent.journal, [])
+            data.append(intent.data)
+            t.apply(ProducerMark(producer, intent.generation, intent.history, intent.txn,
+                                 len(data) - 1, len(data), "s", 0))
+            return "written"
+        return v.status.name if v.original is None else "original"
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("commit"), st.lists(st.sampled_from(["out/a", "out/b"]), max_size=3),
+              st.sampled_from(["sent", "crash-before", "crash-midway"])),
+    st.tuples(st.just("zombie")),
+), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=steps)
+def test_each_committed_output_lands_once_whatever_the_crashes(steps) -> None:  # noqa: ANN001
+    """Primaries take over one after another (each after a crash or a hand-off); each
+    re-sends the stored ledger's intents under their generation, then commits under its
+    own. A replaced primary's late sends (a zombie) never write. In the end every
+    committed output is in its journal exactly once, in commit order."""
+    producer, broker = "shards/s", Broker()
+    stored: bytes | None = None
+    committed: list = []
+    zombies: list = []  # late sends of replaced primaries
+
+    def take_over() -> OutputLedger:
+        led = OutputLedger(producer, stored)
+        for i in led.start():
+            assert broker.append(producer, i) in ("written", "original", "TXN_SUPERSEDED")
+        return led
+
+    led = take_over()
+    n = 0
+    for step in steps:
+        if step[0] == "zombie":
+            for i in zombies:
+                assert broker.append(producer, i) != "written", i
+            continue
+        _, journals, outcome = step
+        n += 1
+        op, intents = led.commit([(j, b"%d:%s\n" % (n, j.encode())) for j in journals])
+        stored = op[1]  # the batch is durable: the ledger with it
+        led.committed(op)
+        committed += intents
+        sent = {"sent": intents, "crash-before": [], "crash-midway": intents[:1]}[outcome]
+        for i in sent:
+            assert broker.append(producer, i) == "written"
+        if outcome != "sent":
+            zombies = list(intents)  # it may yet send them, late
+            led = take_over()
+    for i in zombies:
+        assert broker.append(producer, i) != "written"
+    for journal in ("out/a", "out/b"):
+        assert broker.content.get(journal, []) == [i.data for i in committed if i.journal == journal]
