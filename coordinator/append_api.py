@@ -131,10 +131,13 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
             registers=fsm.registers,
             total_chunks=fsm.total_chunks, delayed_chunks=fsm.delayed_chunks,
             message="" if ok else fsm.message)
-        _appends_counter(resp.status.name).inc()
         if ok:
-            metrics.APPEND_LATENCY.observe(time.monotonic() - started)
-        elif fsm.status != Status.ABORTED:
+            commit = fsm.commit
+            metrics.HOT.appended(commit.end - commit.begin if commit is not None
+                                 and fsm.original is None else 0, time.monotonic() - started)
+        else:
+            _appends_counter(resp.status.name).inc()
+        if not ok and fsm.status != Status.ABORTED:
             log.info("append failed", journal=req.journal, status=fsm.status.name,
                      message=fsm.message, trace=[s.name for s in fsm.trace])
         await conn.send(resp)

@@ -393,8 +393,7 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
             metrics.APPENDS_ABORTED.labels(self._aborted.reason.split(":")[0][:40]).inc()
             return self._fail(Status.ABORTED, self._aborted.reason)
         if self.commit is not None and self.original is None:
-            replica.publish(self.commit.end)
-            metrics.APPEND_BYTES.inc(self.commit.end - self.commit.begin)
+            replica.publish(self.commit.end)  # (its bytes are counted by append_api)
         self._go(State.FINISHED)
 
     async def _release_pipeline(self) -> None:

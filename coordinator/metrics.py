@@ -1,14 +1,76 @@
-"""Prometheus metrics of the coordinator's hot path (`quire_` prefix)."""
+"""Prometheus metrics of the coordinator's hot path (`quire_` prefix).
+
+Successful appends are counted in `HOT` (plain numbers) and folded into
+quire_appends_total{status="OK"}, quire_append_bytes_total and
+quire_append_latency_seconds at scrape time; every other figure is a metric
+updated in place."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from bisect import bisect_left
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+
+class HotPath:
+    """Per-append figures of successful appends, kept as plain numbers by the event
+    loop and folded into the Prometheus metrics below when they are scraped.
+
+    A Counter.inc or Histogram.observe takes a lock and runs Python (~4.5 us per
+    append for the three of them on the bench VM); these are integer adds. This
+    collector is registered before the metrics it feeds, so every scrape folds the
+    pending figures in first and reads exact totals. Thread-safe without a lock: the
+    loop thread only adds to its totals, the scraping thread only reads them and
+    keeps what it already folded in, so nothing is ever reset under a writer.
+    """
+
+    __slots__ = ("ok", "bytes", "lat_counts", "lat_sum", "_bounds", "_done")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.ok = 0
+        self.bytes = 0
+        self._bounds = bounds
+        self.lat_counts = [0] * len(bounds)
+        self.lat_sum = 0.0
+        self._done: tuple[int, int, list[int], float] = (0, 0, [0] * len(bounds), 0.0)
+
+    def appended(self, nbytes: int, latency: float) -> None:
+        """One append answered OK: `nbytes` committed, `latency` seconds since its request."""
+        self.ok += 1
+        self.bytes += nbytes
+        self.lat_counts[bisect_left(self._bounds, latency)] += 1
+        self.lat_sum += latency
+
+    def fold(self) -> None:
+        """Add what happened since the last fold to the Prometheus metrics."""
+        ok, nbytes, lat_sum = self.ok, self.bytes, self.lat_sum
+        counts = list(self.lat_counts)
+        done_ok, done_bytes, done_counts, done_sum = self._done
+        if ok != done_ok:
+            APPENDS.labels("OK").inc(ok - done_ok)
+        if nbytes != done_bytes:
+            APPEND_BYTES.inc(nbytes - done_bytes)
+        for i, (c, d) in enumerate(zip(counts, done_counts)):
+            if c != d:
+                APPEND_LATENCY._buckets[i].inc(c - d)  # noqa: SLF001 - observe() without the per-value loop
+        if lat_sum != done_sum:
+            APPEND_LATENCY._sum.inc(lat_sum - done_sum)  # noqa: SLF001
+        self._done = (ok, nbytes, counts, lat_sum)
+
+    def collect(self):  # noqa: ANN201 - the prometheus Collector protocol
+        self.fold()
+        return []
+
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+HOT = HotPath((*LATENCY_BUCKETS, float("inf")))
+REGISTRY.register(HOT)  # first: a scrape folds the pending figures in before reading them
 
 APPEND_BYTES = Counter("quire_append_bytes_total", "Bytes committed by appends served as primary.")
 APPENDS = Counter("quire_appends_total", "Append RPCs finished, by status.", ["status"])
 APPEND_LATENCY = Histogram(
     "quire_append_latency_seconds", "Append RPC latency (request to acknowledgement).",
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
+    buckets=LATENCY_BUCKETS)
 APPENDS_IN_FLIGHT = Gauge("quire_appends_in_flight", "Append RPCs currently being served.")
 PIPELINE_REBUILDS = Counter("quire_pipeline_rebuilds_total", "Replication pipelines (re)built.")
 SPOOL_BYTES = Gauge("quire_spool_bytes", "Committed bytes in open spools plus closed local fragments.")
