@@ -141,6 +141,14 @@ class FrameStream:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._deferred_flush)
 
+    def send_encoded(self, bufs: list[bytes | memoryview]) -> None:
+        """Hand frames already made by `encode_frame` to the transport now, behind
+        anything queued, in one writelines (no deferred flush is scheduled)."""
+        if self._out:
+            bufs = self._out + bufs
+            self._out, self._queued = [], 0
+        self.writer.writelines(bufs)
+
     def _deferred_flush(self) -> None:
         self._flush_pending = False
         if self._out:

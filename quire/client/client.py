@@ -63,6 +63,7 @@ from protocol import (
 )
 from protocol.credentials import TokenFile, TokenSource
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
+from protocol.wire import encode_frame
 
 from .body import AppendData, Body
 from .producer import TxnId
@@ -73,6 +74,10 @@ from .retry import ROUTING_STATUSES, backoff, reason, strip_status
 from .routes import RouteCache
 
 R = TypeVar("R", bound=Message)
+
+_CHUNK = AppendChunk()
+_COMMIT = encode_frame(AppendCommit())
+"""An AppendCommit frame is always the same bytes."""
 
 class _Ambiguous(Exception):
     """The append's commit was sent but no answer came: it may or may not have landed."""
@@ -124,6 +129,8 @@ class Client:
         self.retry_timeout = retry_timeout
         self._valid_names: set[str] = set()
         """Journal names already validated (appends skip the check; bounded)."""
+        self._plain_requests: dict[str, tuple[AppendRequest, list[bytes | memoryview]]] = {}
+        """Per journal, the AppendRequest of a plain append and its encoded frame."""
 
     @property
     def endpoints(self) -> list[str]:
@@ -158,11 +165,22 @@ class Client:
             self._valid_names.add(journal)
         if isinstance(check_registers, str):
             check_registers = parse_selector(check_registers)
-        request = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
-                                union_registers=union_registers,
-                                subtract_registers=subtract_registers, suspend=suspend,
-                                min_etcd_revision=self.applied_revision,
-                                **(txn.fields() if txn is not None else {}))
+        plain = (not offset and check_registers is None and union_registers is None
+                 and subtract_registers is None and suspend == "resume" and txn is None)
+        cached = self._plain_requests.get(journal) if plain else None
+        if cached is not None and cached[0].min_etcd_revision == self.applied_revision:
+            request, encoded = cached  # a plain append's request is encoded once per journal
+        else:
+            request, encoded = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
+                                    union_registers=union_registers,
+                                    subtract_registers=subtract_registers, suspend=suspend,
+                                    min_etcd_revision=self.applied_revision,
+                                    **(txn.fields() if txn is not None else {})), None
+            if plain:
+                if len(self._plain_requests) >= 4096:
+                    self._plain_requests.clear()
+                encoded = encode_frame(request)
+                self._plain_requests[journal] = (request, encoded)
         # Safe to re-send after an unknown outcome: an explicit offset cannot land
         # twice, nor can an identified transaction (the primary deduplicates it).
         resendable = offset != 0 or txn is not None
@@ -175,7 +193,7 @@ class Client:
         while True:
             endpoint = self.routes.for_append(journal)
             try:
-                response = await self._append_once(endpoint, request, body)
+                response = await self._append_once(endpoint, request, body, encoded)
             except _Ambiguous as exc:
                 self.routes.mark_down(endpoint)
                 unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
@@ -220,11 +238,13 @@ class Client:
             await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
             attempt += 1
 
-    async def _append_once(self, endpoint: str, request: AppendRequest, body: Body) -> AppendResponse:
+    async def _append_once(self, endpoint: str, request: AppendRequest, body: Body,
+                           encoded: list[bytes | memoryview] | None = None) -> AppendResponse:
+        """`encoded`: the request's frame, if already made."""
         conn = await self.pool.acquire(endpoint)
         whole = body.whole()
         if whole is not None:
-            return await self._append_whole(conn, endpoint, request, whole)
+            return await self._append_whole(conn, endpoint, encoded or encode_frame(request), whole)
         # The broker may answer before the commit (e.g. JOURNAL_NOT_FOUND) and stop
         # reading our chunks; listening while sending keeps a big append from blocking
         # on a full socket buffer that will never drain.
@@ -260,8 +280,8 @@ class Client:
         finally:
             self.pool.release(conn)
 
-    async def _append_whole(self, conn: Connection, endpoint: str, request: AppendRequest,
-                            data: memoryview) -> AppendResponse:
+    async def _append_whole(self, conn: Connection, endpoint: str,
+                            request: list[bytes | memoryview], data: memoryview) -> AppendResponse:
         """An append whose content is at most one chunk of bytes: request, chunk and
         commit leave in one send, and the answer is read inline — no task, no drain.
         Nothing here waits on the socket's send buffer (the transport holds at most this
@@ -269,16 +289,12 @@ class Client:
         block us: its answer is read as any other. The commit is queued with the rest,
         so a failure after that is ambiguous (as after a commit in `_append_once`)."""
         try:
-            conn.write(request)
-            if data:
-                conn.write(AppendChunk(), data)
+            frames = request + encode_frame(_CHUNK, data) + _COMMIT if data else request + _COMMIT
         except BaseException:
-            conn.abort()  # nothing of the commit left: a definite failure
-            self.pool.release(conn)
+            self.pool.release(conn)  # nothing was sent: the connection is still in step
             raise
         try:
-            conn.write(AppendCommit())
-            conn.flush()
+            conn.send_encoded(frames)
             frame = await conn.read(self.rpc_timeout)
             if not isinstance(frame.message, AppendResponse):
                 raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")

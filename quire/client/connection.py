@@ -83,10 +83,10 @@ class Connection:
             self.broken = True
             raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
 
-    def flush(self) -> None:
-        """Hand the queued frames to the transport now (one send for all of them)."""
+    def send_encoded(self, bufs: list[bytes | memoryview]) -> None:
+        """Send frames already made by `encode_frame` now, in one writelines."""
         try:
-            self.stream.flush()
+            self.stream.send_encoded(bufs)
         except (ConnectionError, OSError, RuntimeError) as exc:
             self.broken = True
             raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
