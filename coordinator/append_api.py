@@ -119,7 +119,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
     source = ClientSource(conn, min_rate)
     try:
         fsm = AppendFSM(broker, req, source)
-        state = await fsm.run()
+        state = await fsm.run_to()  # (= run(): one coroutine frame less to resume through)
         if state is State.PROXY:
             return await proxy_append(conn, req, fsm.res, source, _peer_auth(broker, req.journal))
         res = fsm.res
