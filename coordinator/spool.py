@@ -315,13 +315,7 @@ class Spool:
             if self._file is not None:
                 self._file.discard()
             self.producers.drop_after(at)
-            self.fragment = Fragment(journal=self.journal, begin=at, end=at,
-                                     sum=EMPTY_SUM, codec=cut.codec)
-            self.delta = 0
-            self._hasher = _EMPTY_SHA1.copy()
-            self._saved = _EMPTY_SHA1.copy()
-            self._file = None
-            self.first_append_time = 0.0
+            self._restart_empty(at, cut.codec)
         on_discarded = getattr(self._observer, "on_discarded", None)
         if on_discarded is not None:
             on_discarded(self, cut, at)
@@ -357,8 +351,12 @@ class Spool:
             self.registers = registers
             if producers is not None:
                 self.producers.restore(producers)
-        self.fragment = Fragment(journal=self.journal, begin=prop.end, end=prop.end,
-                                 sum=EMPTY_SUM, codec=prop.codec)
+        self._restart_empty(prop.end, prop.codec)
+
+    def _restart_empty(self, at: int, codec: Codec) -> None:
+        """An empty fragment at `at`, no file, fresh SHA-1 (after a roll or a cut)."""
+        self.fragment = Fragment(journal=self.journal, begin=at, end=at, sum=EMPTY_SUM,
+                                 codec=codec)
         self.delta = 0
         self._hasher = _EMPTY_SHA1.copy()
         self._saved = _EMPTY_SHA1.copy()
