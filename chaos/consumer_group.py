@@ -96,6 +96,9 @@ class GroupConfig:
     checkpoint_interval: float = 0.5
     finish_timeout: float = 120.0
     """Bound on the wait for every shard's committed offset to reach its source's head."""
+    stall_timeout: float = 20.0
+    """...and the wait ends sooner once no shard's committed offset moved for this long
+    (a shard that is stuck - e.g. its recovery log refuses appends - will not catch up)."""
 
 
 @dataclass
@@ -258,13 +261,16 @@ class ConsumerGroup:
 
     async def finish(self, admin: Client) -> tuple[list[ShardReadback], dict[str, Any]]:
         """Replay every recovery log until each shard's committed offset reaches its
-        source's head (bounded by `finish_timeout`), then read the sources back."""
+        source's head (bounded by `finish_timeout`, or `stall_timeout` without progress),
+        then read the sources back."""
         t0 = time.monotonic()
         deadline = t0 + self.cfg.finish_timeout
         shards = [ShardReadback(self.shard_ids[i], self.sources[i], b"")
                   for i in range(self.cfg.shards)]
         readers = [_LogFeed(self.spec(i).recovery_log) for i in range(len(shards))]
         heads: dict[str, int] = {}
+        last_progress: tuple[int, ...] = ()
+        moved_at = t0
         while True:
             for sh, feed in zip(shards, readers):
                 try:
@@ -277,6 +283,11 @@ class ConsumerGroup:
             if all(not sh.log_error and sh.log.offset(sh.source) >= heads.get(sh.source, 0)
                    for sh in shards) or time.monotonic() > deadline:
                 break
+            progress = tuple(sh.log.offset(sh.source) for sh in shards)
+            if progress != last_progress:
+                last_progress, moved_at = progress, time.monotonic()
+            elif time.monotonic() - moved_at > self.cfg.stall_timeout:
+                break  # no shard committed anything for a while: it will not catch up
             await asyncio.sleep(1.0)  # the members commit within their checkpoint interval
         caught_up = round(time.monotonic() - t0, 1)
         for sh in shards:
