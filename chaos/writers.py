@@ -101,6 +101,7 @@ async def writer(i: int, client: Client, run: Any, stop: asyncio.Event) -> None:
         if producer is not None:
             txn = (txns.get(journal) or txns.setdefault(journal, producer.history())).next()
         unknown = False  # an attempt of this txn may have landed
+        resends = 0
         while True:
             try:
                 res = await asyncio.wait_for(client.append(journal, data, retry_timeout=10.0,
@@ -114,6 +115,11 @@ async def writer(i: int, client: Client, run: Any, stop: asyncio.Event) -> None:
                     # definite failure after an unknown one says nothing of the first).
                     unknown = True
                     run.resent += 1
+                    resends += 1
+                    # Backed off: an answer that comes back at once (a cluster that is
+                    # down) must not turn the writer into a busy loop (seen: 271,944
+                    # re-sends in a 60 s run on an overloaded machine).
+                    await asyncio.sleep(min(1.0, 0.01 * 2 ** min(resends, 7)))
                     continue
                 if (outcome == "fail" or refused) and txn is not None and not unknown:
                     txns[journal].unused(txn)  # not written: the next append reuses it
