@@ -24,9 +24,10 @@ from protocol import (
 from protocol.auth import Capability
 from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
+from protocol.wire import encode_frame
 
 from . import metrics
-from .append_fsm import AppendAborted, AppendFSM, Broker, State
+from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
 from .append_rules import decide_broken
 from .flow_control import MinRatePolicer
 
@@ -87,6 +88,40 @@ class ClientSource:
         except ProtocolError as exc:
             raise AppendAborted(f"client disconnected: {exc}") from None
 
+    def next_buffered(self):  # noqa: ANN201 - bytes | memoryview | None | NOT_BUFFERED
+        """next_chunk() for a frame already in the buffer; NOT_BUFFERED (nothing taken)
+        if the next frame has not fully arrived. Same checks, no coroutine."""
+        while True:
+            try:
+                frame = self.conn.read_buffered()
+            except ProtocolError as exc:
+                raise AppendAborted(f"client disconnected: {exc}") from None
+            if frame is None:
+                return NOT_BUFFERED
+            now = time.monotonic()
+            policer = self.policer
+            if policer is None:
+                policer = self.policer = MinRatePolicer(self.min_rate, now)
+            elif policer.deadline(now) <= now:
+                raise AppendAborted("too slow: below the minimum append rate")
+            msg = frame.message
+            if isinstance(msg, AppendChunk):
+                if frame.payload:
+                    policer.on_bytes(len(frame.payload), now)
+                    return frame.payload
+                continue
+            return self._terminal(msg)
+
+    def _terminal(self, msg: object) -> None:
+        """A frame other than a chunk: the commit (None), else AppendAborted."""
+        if isinstance(msg, AppendCommit):
+            self.done = True
+            return None
+        if isinstance(msg, AppendAbort):
+            self.done = True
+            raise AppendAborted(f"client aborted: {msg.reason}")
+        raise AppendAborted(f"protocol: unexpected {type(msg).__name__} in an append")
+
     def throttled(self, seconds: float) -> None:
         if self.policer is not None:
             self.policer.pause(seconds)
@@ -101,13 +136,7 @@ class ClientSource:
                 assert self.policer is not None
                 self.policer.on_bytes(len(frame.payload), time.monotonic())
                 return frame.payload
-            if isinstance(msg, AppendCommit):
-                self.done = True
-                return None
-            if isinstance(msg, AppendAbort):
-                self.done = True
-                raise AppendAborted(f"client aborted: {msg.reason}")
-            raise AppendAborted(f"protocol: unexpected {type(msg).__name__} in an append")
+            return self._terminal(msg)
 
 
 async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
@@ -140,7 +169,8 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
         if not ok and fsm.status != Status.ABORTED:
             log.info("append failed", journal=req.journal, status=fsm.status.name,
                      message=fsm.message, trace=[s.name for s in fsm.trace])
-        await conn.send(resp)
+        conn.send_encoded(encode_frame(resp))  # now, one writelines: nothing to coalesce with
+        await conn.drain()
         return source.done
     finally:
         _in_flight -= 1

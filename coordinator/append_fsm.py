@@ -59,7 +59,7 @@ from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
 from .suspend import RESUME_TIMEOUT, SuspendStates  # noqa: F401 - RESUME_TIMEOUT: kept importable here
 
-__all__ = ["AppendAborted", "AppendFSM", "ContentSource", "State", "TRANSITIONS"]
+__all__ = ["AppendAborted", "AppendFSM", "ContentSource", "NOT_BUFFERED", "State", "TRANSITIONS"]
 
 log = get_logger(__name__)
 
@@ -69,9 +69,16 @@ INDEX_WAIT = 10.0
 append fails UNAVAILABLE (the client retries)."""
 
 
+NOT_BUFFERED: Any = object()
+"""`ContentSource.next_buffered()`: the next frame has not fully arrived yet."""
+
+
 class ContentSource(Protocol):
     async def next_chunk(self) -> bytes | memoryview | None:
         """The next non-empty chunk, or None once the client commits. Raises AppendAborted."""
+
+    # Optional: `next_buffered()` is next_chunk() for a frame already received, and
+    # NOT_BUFFERED (nothing taken) when the next frame has not fully arrived.
 
     def throttled(self, seconds: float) -> None:
         """The broker held the append back this long (max rate): not the client's delay."""
@@ -310,10 +317,24 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
             self._summer = hashlib.sha1()
             self._begin = spool.end
             self._limiter = replica.limiter_for(spec.max_append_rate)
+        # Frames the client already sent are taken without a coroutine each (the whole
+        # append, commit included, is usually in the buffer by now): the same checks and
+        # the same spool/peer writes per chunk, and one drain before the commit instead
+        # of one per chunk — a peer lost while streaming is still found before the
+        # commit leaves (definite). Not with a max rate: its limiter may have to wait.
+        buffered = getattr(self.source, "next_buffered", None) if self._limiter is None else None
+        undrained = False
         try:
             while True:
-                chunk = await self.source.next_chunk()
+                chunk = buffered() if buffered is not None else NOT_BUFFERED
+                if chunk is NOT_BUFFERED:
+                    if undrained:
+                        await pln.drain()
+                        undrained = False
+                    chunk = await self.source.next_chunk()
                 if chunk is None:
+                    if undrained:
+                        await pln.drain()
                     return await self._commit(pln, replica)
                 if not spec.writable:
                     raise AppendAborted("journal is not writable")
@@ -327,7 +348,7 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
                 pln.send_content(chunk)
                 self._summer.update(chunk)
                 self.total_chunks += 1
-                await pln.drain()
+                undrained = True
         except AppendAborted as exc:
             self._aborted = exc
             await self._rollback(pln)
