@@ -1,0 +1,124 @@
+"""CPU per append of every process, quire R=3 beside the minimal pipeline, one run.
+
+    python -m bench.cpu [--size 1024] [--conc 64] [--seconds 5] [--rounds 2] [--json OUT]
+
+The case of `quire bench` (`Client.append` from `conc` tasks of this process, one append
+in flight each, to one R=3 journal of a 3-coordinator cluster on loopback) and the same
+case on the reference (bench/pipeline_ref.py), in alternating rounds: appends/s and the
+user + sys CPU time each process spent per append (µs, from /proc), for quire's primary,
+its two replicas and the client, and the reference's primary, replicas and client. On a
+shared 2-vCPU machine the rates swing with other work; the CPU per append moves much
+less, so it is the figure to compare versions by (run both back to back, alternating).
+`--profile DIR`: py-spy (raw, 250 Hz) of quire's primary and the client in the last round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from chaos.cluster import LocalCluster
+from protocol import Codec, FragmentSpec, JournalSpec
+from quire.client import Client
+
+from .common import write_json
+from .matrix import append_case
+from .pipeline_ref import PipelineRef, ref_case
+
+JOURNAL = "bench/cpu"
+
+
+def _cpu(pid: int) -> float:
+    """user + sys CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _snapshot(pids: dict[str, int]) -> dict[str, float]:
+    out = {name: _cpu(pid) for name, pid in pids.items()}
+    t = os.times()
+    out["client"] = t.user + t.system
+    return out
+
+
+async def _measure(pids: dict[str, int], run: Any) -> dict[str, Any]:
+    before = _snapshot(pids)
+    res = await run()
+    after = _snapshot(pids)
+    n = max(res["n"], 1)
+    cpu = {k: round((after[k] - before[k]) / n * 1e6, 1) for k in after}
+    cpu["total"] = round(sum(cpu.values()), 1)
+    return {"ops_per_s": round(res["ops_per_s"], 1), "cpu_us_per_append": cpu,
+            "load_avg_1m": os.getloadavg()[0]}
+
+
+def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(exe) if exe.exists() else "py-spy", "record", "--pid", str(pid),
+                             "-r", "250", "-d", str(max(1, int(seconds))), "-f", "raw",
+                             "-o", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef) -> dict[str, Any]:
+    client = Client(cluster.endpoints, retry_timeout=30)
+    try:
+        await client.apply([JournalSpec(name=JOURNAL, replication=3, fragment=FragmentSpec(
+            compression_codec=Codec.NONE))])
+        await client.append(JOURNAL, b"", retry_timeout=60)
+        entry = await client.get_journal(JOURNAL)
+        primary = entry.route.members[entry.route.primary].suffix
+        quire_pids = {("primary" if c.suffix == primary else f"replica-{c.suffix}"): c.pid
+                      for c in cluster.coordinators if c.pid is not None}
+        ref_pids = {"primary": ref._procs[0].pid, "replica-1": ref._procs[1].pid,  # noqa: SLF001
+                    "replica-2": ref._procs[2].pid}
+        size, conc, secs = args.size, args.conc, args.seconds
+        await append_case(client, JOURNAL, size, conc, seconds=1.0)  # warm up
+        await ref_case(ref, size, conc, seconds=1.0)
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            spies = []
+            if args.profile and r == args.rounds - 1:
+                Path(args.profile).mkdir(parents=True, exist_ok=True)
+                spies = [_spy(quire_pids["primary"], Path(args.profile) / "primary.txt", secs),
+                         _spy(os.getpid(), Path(args.profile) / "client.txt", secs)]
+                await asyncio.sleep(1.0)  # py-spy attaches
+            q = await _measure(quire_pids, lambda: append_case(client, JOURNAL, size, conc, seconds=secs))
+            for p in spies:
+                p.wait()
+            p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs))
+            q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
+            rounds.append({"quire": q, "pipeline": p_})
+            print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']}  |  "
+                  f"pipeline {p_['ops_per_s']:,.0f}/s cpu {p_['cpu_us_per_append']}  |  "
+                  f"ratio {q['ratio_vs_pipeline']}  load {q['load_avg_1m']:.1f}", flush=True)
+        return {"size": size, "concurrency": conc, "seconds": secs, "rounds": rounds}
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cpu")
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--conc", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--profile", metavar="DIR")
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="quire-bench-cpu-") as work:
+        with LocalCluster(3, workdir=Path(work) / "cluster") as cluster, PipelineRef() as ref:
+            result = asyncio.run(_run(args, cluster, ref))
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

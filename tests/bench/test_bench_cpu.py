@@ -1,0 +1,25 @@
+"""`python -m bench.cpu`: quire and the reference measured side by side, CPU per process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cpu import main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_cpu_per_append_of_every_process_beside_the_reference(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    assert main(["--seconds", "0.5", "--rounds", "1", "--conc", "4", "--json", str(out)]) == 0
+    fig = json.loads(out.read_text())
+    (one,) = fig["rounds"]
+    quire, ref = one["quire"], one["pipeline"]
+    assert quire["ops_per_s"] > 0 and ref["ops_per_s"] > 0 and one["quire"]["ratio_vs_pipeline"] > 0
+    assert {"primary", "client", "total"} <= set(quire["cpu_us_per_append"])
+    assert len([k for k in quire["cpu_us_per_append"] if k.startswith("replica-")]) == 2
+    assert set(ref["cpu_us_per_append"]) == {"primary", "replica-1", "replica-2", "client", "total"}
+    assert all(v >= 0 for v in (*quire["cpu_us_per_append"].values(), *ref["cpu_us_per_append"].values()))
