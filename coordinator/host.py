@@ -21,11 +21,14 @@ from protocol.logs import get_logger
 from . import metrics
 from .auth_gate import PeerTokens
 from .producer_log import LOG_FILE, LoggedProducerTable
-from .recovery import RecoveredFragments, journals_with_marks, read_heads, scan_spool_dir
+from .recovery import Head, RecoveredFragments, journals_with_marks, read_heads, scan_spool_dir
 from .replica import LocalPersister, Persister, Replica
 from .spool import DiskFiles
 
 log = get_logger(__name__)
+
+RETIRED_HEADS_MAX = 65536
+"""Remembered heads of forgotten replicas (~100 bytes each, oldest dropped first)."""
 
 
 @dataclass
@@ -76,6 +79,9 @@ class Host:
             holder["server"] = self  # the persister's callbacks look up routes through us
         self.replicas: dict[str, Replica] = {}
         self.recovered = RecoveredFragments({})
+        self.retired_heads: dict[str, Head] = {}
+        """Write heads of replicas we retired and forgot (forget_replica): a journal
+        assigned here again resumes there, as after a graceful exit, instead of at 0."""
         """Closed fragments found on disk at start, of journals not hosted (again) yet."""
         # Read at scrape time (never on the hot path), summed over the replicas.
         metrics.SPOOL_BYTES.set_function(self.spool_bytes)
@@ -116,13 +122,32 @@ class Host:
             r.spool.producers = LoggedProducerTable.open(
                 journal, self.files.root / journal / LOG_FILE, self.recovered.take_marks(journal),
                 max((lf.fragment.end for lf in local), default=0))
-            head = self.recovered.take_head(journal)
+            head = self.recovered.take_head(journal) or self.retired_heads.pop(journal, None)
             if head is not None:
                 r.resume_at(head)
             metrics.REPLICAS.set(len(self.replicas))
             if self.index_loader is not None:
                 self.index_loader(journal)
         return r
+
+    def forget_replica(self, journal: str) -> None:
+        """Drop a retired replica that holds nothing unpersisted, remembering its write
+        head. When every member of a route was retired at once (their leases expired
+        together, e.g. etcd paused past the TTL) and the journal is assigned again,
+        fresh replicas would synchronize at 0 and refuse every append with
+        INDEX_HAS_GREATER_OFFSET until an operator's reset-head; with the head they
+        resume where they were (the largest offset still wins the sync)."""
+        replica = self.replicas.pop(journal)
+        spool = replica.spool
+        if spool.end > 0:
+            self.retired_heads.pop(journal, None)  # re-inserted last: the newest stays
+            self.retired_heads[journal] = Head(end=spool.end, registers=spool.registers,
+                                               codec=spool.fragment.codec,
+                                               producers=spool.producers.snapshot())
+            while len(self.retired_heads) > RETIRED_HEADS_MAX:
+                del self.retired_heads[next(iter(self.retired_heads))]
+        replica.close()
+        metrics.REPLICAS.set(len(self.replicas))
 
     def spool_bytes(self) -> float:
         """Committed bytes in open spools plus closed fragments still on local disk."""

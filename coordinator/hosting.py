@@ -231,8 +231,7 @@ class Hosting:
                 # Never drop committed content: close it for persistence and keep the
                 # replica (files, offset) until the index shows it persisted.
                 if not replica.retire():
-                    replica.close()
-                    del server.replicas[journal]
+                    server.forget_replica(journal)
         for journal in mine:
             res = self.resolver.resolve_now(journal)
             replica = server.replicas[journal]
