@@ -45,10 +45,13 @@ class TracingClient(Client):
     """Records the outcome of every attempt of an append (the client retries inside
     `append`), so a duplicate can be traced to the answer that made it retry."""
 
-    async def _append_once(self, endpoint, request, body, *rest):  # type: ignore[no-untyped-def]
+    async def _append_once(self, endpoint, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # Everything after the endpoint is passed through as given: the client's own
+        # signature changes (it gained `encoded`), and an override that dropped an
+        # argument failed every append of the run.
         log_ = _attempts.get()
         try:
-            response = await super()._append_once(endpoint, request, body, *rest)
+            response = await super()._append_once(endpoint, *args, **kwargs)
         except BaseException as exc:
             if log_ is not None:
                 log_.append(f"{endpoint}: {type(exc).__name__}: {exc}"[:200])

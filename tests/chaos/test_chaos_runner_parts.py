@@ -43,3 +43,31 @@ def test_routes_are_rewritten_to_client_proxies() -> None:
     assert got is not None and got.endpoints == ("127.0.0.1:9001", "127.0.0.1:9002")
     routes.update("c/d", None)  # nothing to learn
     assert routes.get("c/d") is None
+
+
+async def test_tracing_client_forwards_every_argument_of_the_clients_append_once(monkeypatch) -> None:  # noqa: ANN001
+    """The override must follow quire.client.Client._append_once whatever its signature
+    (it once took three arguments when the client passed four, and every chaos append
+    failed with a TypeError)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from chaos.writers import TracingClient, _attempts
+    from protocol import Status
+    from quire.client import Client
+
+    real = inspect.signature(Client._append_once)
+    call = {name: f"<{name}>" for name in list(real.parameters)[1:]}  # all but self
+    seen: list[dict] = []
+
+    async def fake(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(real.bind(self, *args, **kwargs).arguments)
+        return SimpleNamespace(status=Status.OK)
+
+    monkeypatch.setattr(Client, "_append_once", fake)
+    attempts: list[str] = []
+    _attempts.set(attempts)
+    tracing = object.__new__(TracingClient)
+    await TracingClient._append_once(tracing, *call.values())
+    assert {k: v for k, v in seen[0].items() if k != "self"} == call
+    assert attempts == ["<endpoint>: OK"]
