@@ -57,22 +57,11 @@ def _store_case(out: dict[str, Any], key: str, res: dict[str, Any]) -> None:
             out[f"{key}_first_error"] = res["first_error"]
 
 
-async def _pipeline_ref(seconds: float, say: Any) -> dict[str, Any]:
-    """The minimal R=3 pipeline, every R=3 case of the matrix plus the many-journal one."""
-    out: dict[str, Any] = {}
-    with PipelineRef() as ref:
-        for size in SIZES:
-            for c in CONCURRENCY:
-                res = await ref_case(ref, size, c, seconds=seconds)
-                _store_case(out, f"pipeline_r3_{size_name(size)}_c{c}", res)
-                say(f"pipeline R=3 {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
-        res = await ref_case(ref, 1 << 10, 64, seconds=seconds, journals=MULTI)
-        _store_case(out, f"pipeline_{MULTI_CASE}", res)
-    return out
-
-
-async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_seconds: float,
-                 say: Any) -> dict[str, Any]:
+async def _quire(cluster: LocalCluster, ref: PipelineRef, workdir: Path, seconds: float,
+                 msg_seconds: float, say: Any) -> dict[str, Any]:
+    """quire's cases; each R=3 case runs right after the same case on the reference
+    (bench/pipeline_ref.py), so a ratio compares two runs seconds apart: on a shared
+    machine the load drifts, and a reference measured a minute earlier is not a peer."""
     store = (workdir / "store").as_uri() + "/"
     (workdir / "store").mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
@@ -91,9 +80,15 @@ async def _quire(cluster: LocalCluster, workdir: Path, seconds: float, msg_secon
         for r in REPLICATION:
             for size in SIZES:
                 for c in CONCURRENCY:
+                    if r == 3:
+                        res = await ref_case(ref, size, c, seconds=seconds)
+                        _store_case(out, f"pipeline_r3_{size_name(size)}_c{c}", res)
+                        say(f"pipeline R=3 {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
                     res = await append_case(client, f"bench/r{r}", size, c, seconds=seconds)
                     _store_case(out, f"quire_r{r}_{size_name(size)}_c{c}", res)
                     say(f"quire R={r} {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
+        res = await ref_case(ref, 1 << 10, 64, seconds=seconds, journals=MULTI)
+        _store_case(out, f"pipeline_{MULTI_CASE}", res)
         res = await append_case(client, multi, 1 << 10, 64, seconds=seconds)
         _store_case(out, f"quire_{MULTI_CASE}", res)
         say(f"quire R=3 1k x64 over {MULTI} journals: {res['ops_per_s']:.0f} appends/s")
@@ -155,11 +150,10 @@ def run_bench(quick: bool, workdir: Path, coordinators: int, console: Console) -
     say("peer: redis-server XADD")
     fig.update(measure_redis((MESSAGE_SIZE, *SIZES), CONCURRENCY, seconds=1.0 if quick else 3.0,
                              progress=say))
-    say("reference: the minimal R=3 pipeline")
-    fig.update(asyncio.run(_pipeline_ref(seconds, say)))
-    say(f"quire: starting {coordinators} coordinators")
-    with LocalCluster(coordinators, zones=("zone-a", "zone-b"), workdir=workdir / "cluster") as cl:
-        fig.update(asyncio.run(_quire(cl, workdir, seconds, 3.0 if quick else 8.0, say)))
+    say(f"quire: starting {coordinators} coordinators and the reference R=3 pipeline")
+    with LocalCluster(coordinators, zones=("zone-a", "zone-b"), workdir=workdir / "cluster") as cl, \
+            PipelineRef() as ref:
+        fig.update(asyncio.run(_quire(cl, ref, workdir, seconds, 3.0 if quick else 8.0, say)))
     say("quire: RSS of an idle coordinator")
     fig.update(measure_rss(workdir, settle=1.0 if quick else 3.0))
     fig.update(ratios(fig))
