@@ -122,6 +122,7 @@ class PipelineSyncStates:
             self.roll_epoch = (0, 0)
         else:
             prop = spool.rollback_proposal(acknowledge=True, producers=producers, epoch=True)
+            self.replica.expose(spool.end)  # peers behind it will roll past it
         try:
             pln.send_proposal(prop, first=True)
             self._ticket = pln.ticket()

@@ -67,7 +67,7 @@ class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
                  "_pulse_pending", "resolution", "limiter", "stream",
-                 "synced_end")
+                 "synced_end", "exposed_end")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -97,6 +97,10 @@ class Replica:
         raises the reported write head without making the gap look unwritten)."""
         self.stream = None
         """(fence.StreamFence, FrameStream) of the replicate stream holding the spool."""
+        self.exposed_end = 0
+        """The spool's end when we, as primary, last sent it in a sync proposal: peers
+        behind it roll forward past it on receipt (without its bytes), so from then on
+        it is part of the journal and must never be dropped as unacknowledged."""
 
     # -- spool observer ---------------------------------------------------------------
 
@@ -111,6 +115,7 @@ class Replica:
         the journal's other members hold the acknowledged ones, read through a gap)."""
         self.head = min(self.head, at)
         self.synced_end = min(self.synced_end, at)
+        self.exposed_end = min(self.exposed_end, at)
         stale = [lf for lf in self.local if lf.fragment.end > at]
         for lf in stale:
             if lf.file is not None:
@@ -326,17 +331,25 @@ class Replica:
             self._log.info("assignment gone; spool closed for persistence", end=spool.end)
         return bool(self.local)
 
+    def expose(self, end: int) -> None:
+        """We (primary) send our spool's end `end` in a sync proposal (exposed_end)."""
+        self.exposed_end = max(self.exposed_end, end)
+
     def drop_unacknowledged(self) -> None:
         """A replica publishes every commit it adopts, a primary only acknowledged ones:
         spool content past the published head is a (former) primary's commits that not
         every peer acknowledged. Called when another stream takes the spool, or on
-        retirement (the caller owns the spool): the content is dropped (fence.py)."""
+        retirement (the caller owns the spool): the content is dropped (fence.py) —
+        except what a sync proposal of ours exposed: peers rolled forward past it on
+        receipt, without its bytes, and the producer table it carried may already
+        answer a re-sent transaction with it (chaos campaign seed 13)."""
         spool = self.spool
-        if spool.end > self.head and spool.content_length:
+        keep = max(self.head, self.exposed_end)
+        if spool.end > keep and spool.content_length:
             before = spool.end
-            if spool.drop_after(self.head):
+            if spool.drop_after(keep):
                 self._log.warning("dropped unacknowledged commits of a superseded primary",
-                                  begin=max(self.head, spool.begin), end=before)
+                                  begin=max(keep, spool.begin), end=before)
 
     def close(self) -> None:
         """Release files (the replica left this coordinator)."""
