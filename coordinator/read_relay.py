@@ -1,0 +1,154 @@
+"""Reads another coordinator serves for us: a proxied read (we are not a member of the
+journal's route) and a member's own gap filled from its peers (bytes below our write
+head that we do not hold: our spool was lost in a crash and a sync rolled us past
+them). Both relay the upstream's frames with one loop, `relay`, and stream persisted
+fragments themselves when the upstream hands out a URL (`stream_stored`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol import Hello, HelloAck, ReadContent, ReadRequest, ReadResponse, Status
+from protocol.auth import Capability
+from protocol.errors import ProtocolError
+from protocol.logs import get_logger
+from protocol.stream import FrameStream
+
+log = get_logger(__name__)
+
+METADATA_SENT = -1
+"""fill_gap's answer when a metadata-only read was answered by a peer."""
+READ_CHUNK = 1 << 17
+
+
+async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int) -> int:  # noqa: ANN001
+    """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
+    ReadContent frames, fetched and decompressed by us; returns the offset reached."""
+    from fragment_store.codecs import decompress
+    from fragment_store.keys import fragment_key
+    from fragment_store.stores import open_store
+
+    store = open_store(frag.backing_store)
+    raw = await asyncio.to_thread(store.read_all, fragment_key(frag))
+    data = await asyncio.to_thread(decompress, frag.codec, raw)
+    stop = min(frag.end, end_offset) if end_offset else frag.end
+    view = memoryview(data)
+    while offset < stop:
+        n = min(READ_CHUNK, stop - offset)
+        conn.write(ReadContent(offset=offset), view[offset - frag.begin:offset - frag.begin + n])
+        offset += n
+        await conn.drain()
+    return offset
+
+
+async def connect_member(endpoints, peer: dict) -> FrameStream | None:  # noqa: ANN001
+    """A handshaken connection to one of `endpoints` (any will do; one that is down, its
+    lease not yet expired, is skipped), presenting our derived token; None if none
+    answers."""
+    for endpoint in [e for e in endpoints if e]:
+        upstream: FrameStream | None = None
+        try:
+            upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
+            await upstream.send(Hello(token=peer.get("token", "")))
+            async with asyncio.timeout(5.0):
+                await upstream.read_message(HelloAck)
+            return upstream
+        except (OSError, ProtocolError, asyncio.TimeoutError):
+            if upstream is not None:
+                upstream.abort()
+    return None
+
+
+async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, header,  # noqa: ANN001
+                 offset: int, *, end_offset: int, held_only: bool = False,
+                 relay_refusal: bool = True) -> tuple[int, Status | None]:
+    """Read [offset, end_offset) (0: no end) at `upstream` with `do_not_proxy`, relaying
+    its frames to `conn`; returns the offset reached and how the upstream's RPC ended.
+
+    `do_not_proxy` also tells the upstream the reader fetches persisted fragments itself:
+    for such a fragment it answers with the URL and ends its RPC. Our reader did not ask
+    for that, so we stream the fragment from the store ourselves and ask again from its
+    end. A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
+    upstream connection ends it with None."""
+    while True:
+        await upstream.send(ReadRequest(
+            journal=req.journal, header=header, offset=offset,
+            block=req.block and not held_only, do_not_proxy=True,
+            metadata_only=req.metadata_only, end_offset=end_offset,
+            begin_mod_time=req.begin_mod_time, held_only=held_only))
+        while True:
+            try:
+                frame = await upstream.read()
+            except ProtocolError:
+                return offset, None
+            msg = frame.message
+            if isinstance(msg, ReadResponse) and msg.status != Status.OK:
+                if relay_refusal:
+                    conn.write(msg, frame.payload)
+                    await conn.drain()
+                return offset, msg.status
+            conn.write(msg, frame.payload)
+            await conn.drain()
+            if isinstance(msg, ReadResponse):
+                if req.metadata_only:
+                    return offset, Status.OK
+                offset = msg.offset
+                if msg.fragment_url and msg.fragment is not None:
+                    offset = await stream_stored(conn, msg.fragment, offset, end_offset)
+                    break  # the upstream ended its RPC at the URL: ask again from here
+            elif isinstance(msg, ReadContent):
+                offset = msg.offset + len(frame.payload)
+            if end_offset and offset >= end_offset:
+                return offset, Status.OK
+        if end_offset and offset >= end_offset:
+            return offset, Status.OK
+
+
+async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
+    """Forward to a member with our derived READ token (`peer`: Host.peer_auth); the
+    member is asked with `do_not_proxy` (no second hop). We end our RPC where the
+    member's ends: a non-OK status, metadata only, `end_offset` reached."""
+    upstream = await connect_member(res.route.endpoints, peer or {})
+    if upstream is None:
+        await conn.send(ReadResponse(status=Status.UNAVAILABLE, header=res.header,
+                                     message="no member of the route is reachable"))
+        return True
+    try:
+        _, ended = await relay(conn, upstream, req, res.header, req.offset,
+                                end_offset=req.end_offset)
+        return ended is not None  # a member lost mid-read: our reader retries elsewhere
+    finally:
+        await upstream.close()
+
+
+async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int,  # noqa: ANN001
+                    gap_end: int) -> int | None:
+    """Relay [offset, gap_end) from the peers that hold it, each asked `held_only` from
+    where the last one stopped (one that fails mid-relay too); returns the offset
+    reached (== offset: no peer holds it), None if our reader's connection failed, or
+    METADATA_SENT when a metadata-only read was answered by a peer."""
+    me = getattr(broker, "me", None)
+    peer_auth = getattr(broker, "peer_auth", None)
+    auth = peer_auth(Capability.READ, req.journal) if peer_auth else {}
+    for _, endpoint in res.route.peers(me):
+        if offset >= gap_end:
+            break
+        upstream = await connect_member([endpoint], auth)
+        if upstream is None:
+            continue
+        try:
+            reached, ended = await relay(conn, upstream, req, res.header, offset,
+                                          end_offset=gap_end, held_only=True,
+                                          relay_refusal=False)
+        except (ConnectionError, OSError):
+            return None
+        finally:
+            await upstream.close()
+        if req.metadata_only and ended == Status.OK:
+            return METADATA_SENT
+        if reached > offset:
+            log.info("read gap filled from a peer", journal=req.journal, begin=offset,
+                     end=reached, peer=endpoint)
+            offset = reached
+    return offset
