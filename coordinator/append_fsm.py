@@ -112,8 +112,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
         self.roll_to: int | None = None
         self.roll_registers: LabelSet | None = None
         self.roll_producers = None
-        self.roll_epoch = (0, 0)
-        """With roll_to: (epoch, epoch_begin) of the content ending there."""
+        self.roll_epoch: tuple[int, int, tuple[tuple[int, int], ...]] = (0, 0, ())
+        """With roll_to: (epoch, epoch_begin, epoch history) of the content ending there."""
         self.original: Fragment | None = None
         """An identified append that already committed: its original commit (the answer;
         nothing is written again). producers.py."""

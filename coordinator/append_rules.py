@@ -94,6 +94,8 @@ class Decision:
     """With roll_to: the epoch of the content ending there (the roll proposal's epoch)."""
     epoch_begin: int = 0
     """With epoch: the offset at which that epoch's content begins."""
+    epochs: tuple[tuple[int, int], ...] = ()
+    """With epoch: the newest tail's epoch history (ReplicateProposal.epochs)."""
 
 
 _PLAIN = {s: Decision(s) for s in State}
@@ -136,6 +138,7 @@ class _Tail:
     fragment: Fragment
     epoch: int
     epoch_begin: int
+    epochs: tuple[tuple[int, int], ...] = ()
     registers: LabelSet | None = None
     producers: ProducerSnapshot | None = None
     """A peer's registers and table (None: ours, kept as they are)."""
@@ -144,7 +147,8 @@ class _Tail:
 
 def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: Fragment,
                 route: Route, revision: int, our_epoch: int = 0,
-                our_epoch_begin: int = 0) -> Decision:
+                our_epoch_begin: int = 0,
+                our_epochs: tuple[tuple[int, int], ...] = ()) -> Decision:
     """Gather the sync answers (Gazette's gatherSync): epochs first, then offsets.
 
     Every tail is of some epoch (the revision of the route its last commit came under;
@@ -152,9 +156,12 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
     what the journal acknowledged last; a tail of an older epoch reaching past the
     offset where the newest epoch begins is a stale tail — committed by a primary that
     failed mid-commit, after which the journal acknowledged other bytes at those
-    offsets without that member (chaos seeds 5 and 3, docs/reliability.md). Stale
-    tails are cut at that offset (ours too: the roll proposal is applied to our own
-    spool first), then the largest remaining offset wins and everyone rolls to it,
+    offsets without that member (chaos seeds 5 and 3, docs/reliability.md). More
+    precisely a tail of epoch e is stale past the offset where the first epoch after
+    e begins in the newest tail's epoch history (KIP-279): content of epochs between e
+    and the newest was acknowledged too (test_sync_model). Stale tails are cut there
+    (ours too: the roll proposal is applied to our own spool first), then the largest
+    remaining offset wins and everyone rolls to it,
     taking its registers and producer table. Without a stale tail this is Gazette's
     rule: roll forward to a peer that is ahead, never re-writing an offset it may have
     committed."""
@@ -172,19 +179,23 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
             return Decision(S.ERROR, Status.WRONG_ROUTE, f"peer {pid} disagrees on the route at "
                             f"revision {theirs.etcd.revision if theirs else '?'}")
         if resp.status == Status.PROPOSAL_MISMATCH and resp.fragment is not None:
-            tails.append(_Tail(resp.fragment, resp.epoch, resp.epoch_begin, resp.registers,
-                               resp.producers, str(pid)))
+            tails.append(_Tail(resp.fragment, resp.epoch, resp.epoch_begin, resp.epochs,
+                               resp.registers, resp.producers, str(pid)))
             continue
         return Decision(S.ERROR, resp.status, f"peer {pid} answered the sync with {resp.status.name}")
     if read_through:
         return Decision(S.RESOLVE, read_through=read_through)
     if not tails:
         return _PLAIN[S.UPDATE_ASSIGNMENTS]
-    mine = _Tail(ours, our_epoch, our_epoch_begin)
+    mine = _Tail(ours, our_epoch, our_epoch_begin, our_epochs)
     every = (mine, *tails)
     newest = max(t.epoch for t in every)
-    begin = min(t.epoch_begin for t in every if t.epoch == newest)
-    stale = [t for t in every if 0 < t.epoch < newest and t.fragment.end > begin]
+    first = min((t for t in every if t.epoch == newest), key=lambda t: t.epoch_begin)
+    begin = first.epoch_begin
+    history = first.epochs or ((newest, begin),)
+    cut_at = {id(t): next((b for e, b in history if e > t.epoch), begin)
+              for t in every if 0 < t.epoch < newest}
+    stale = [t for t in every if id(t) in cut_at and t.fragment.end > cut_at[id(t)]]
     if not stale:
         for t in tails:
             peer = t.fragment
@@ -193,13 +204,15 @@ def decide_sync(responses: Sequence[tuple[ProcessId, ReplicateResponse]], ours: 
                                 f"peer {t.pid} has fragment {peer.begin}-{peer.end} vs ours "
                                 f"{ours.begin}-{ours.end}")
     # Each tail's end once a stale one is cut; the furthest wins (ours on a tie).
-    kept = [(min(t.fragment.end, begin) if t in stale else t.fragment.end, t is mine, t)
+    kept = [(min(t.fragment.end, cut_at[id(t)]) if t in stale else t.fragment.end, t is mine, t)
             for t in every]
     roll_to, _, winner = max(kept, key=lambda k: (k[0], k[1]))
     if winner is mine:  # ours stand (cut or not), and so do our registers and table
-        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, epoch=newest, epoch_begin=begin)
+        return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, epoch=newest, epoch_begin=begin,
+                        epochs=history)
     return Decision(S.SEND_PIPELINE_SYNC, roll_to=roll_to, registers=winner.registers,
-                    producers=winner.producers, epoch=newest, epoch_begin=begin)
+                    producers=winner.producers, epoch=newest, epoch_begin=begin,
+                    epochs=history)
 
 
 def decide_assignments(values: Sequence[Route | None], route: Route) -> Decision:

@@ -41,7 +41,7 @@ class PipelineSyncStates:
     roll_to: int | None
     roll_registers: LabelSet | None
     roll_producers: Any
-    roll_epoch: tuple[int, int]
+    roll_epoch: tuple[int, int, tuple[tuple[int, int], ...]]
     _ticket: Any
 
     def _go(self, decision: Decision | State) -> None: ...
@@ -113,13 +113,14 @@ class PipelineSyncStates:
         if producers is None:
             producers = spool.producers.snapshot()
         if self.roll_to is not None:
-            epoch, epoch_begin = self.roll_epoch
+            epoch, epoch_begin, epochs = self.roll_epoch
             prop = spool.roll_proposal(self.roll_to, registers=self.roll_registers,
-                                       producers=producers, epoch=epoch, epoch_begin=epoch_begin)
+                                       producers=producers, epoch=epoch, epoch_begin=epoch_begin,
+                                       epochs=epochs)
             self._log.info("rolling spool in sync", roll_to=self.roll_to, epoch=epoch,
                            epoch_begin=epoch_begin)
             self.roll_to = self.roll_registers = self.roll_producers = None
-            self.roll_epoch = (0, 0)
+            self.roll_epoch = (0, 0, ())
         else:
             prop = spool.rollback_proposal(acknowledge=True, producers=producers, epoch=True)
             self.replica.expose(spool.end)  # peers behind it will roll past it
@@ -140,7 +141,7 @@ class PipelineSyncStates:
             await self.broker.teardown_pipeline(replica)
             return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
         d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision,
-                        replica.spool.epoch, replica.spool.epoch_begin)
+                        replica.spool.epoch, replica.spool.epoch_begin, replica.spool.epochs)
         if d.state is State.UPDATE_ASSIGNMENTS:
             pln.synced = True
             # Bytes the spool holds after a sync are part of the journal now (at worst
@@ -148,7 +149,7 @@ class PipelineSyncStates:
             replica.publish(replica.spool.end)
         elif d.state is State.SEND_PIPELINE_SYNC:
             self.roll_to, self.roll_registers = d.roll_to, d.registers
-            self.roll_producers, self.roll_epoch = d.producers, (d.epoch, d.epoch_begin)
+            self.roll_producers, self.roll_epoch = d.producers, (d.epoch, d.epoch_begin, d.epochs)
         else:
             await self.broker.teardown_pipeline(replica)
             self.read_through = max(self.read_through, d.read_through)

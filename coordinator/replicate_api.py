@@ -92,7 +92,8 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                         resp = ReplicateResponse(status=resp.status, header=res.header,
                                                  fragment=resp.fragment, registers=resp.registers,
                                                  producers=resp.producers, epoch=resp.epoch,
-                                                 epoch_begin=resp.epoch_begin)
+                                                 epoch_begin=resp.epoch_begin,
+                                                 epochs=resp.epochs)
                         header_sent = True
                     conn.write(resp)
                     await conn.drain()

@@ -18,23 +18,28 @@ primary independently:
     discarded, the SHA-1 state restored, the file truncated.
   - commit: `delta != 0` and proposal == `next()`: adopt it, take registers, notify.
   - stale tail: a synchronizing proposal (roll or sync) from a newer `epoch` than this
-    spool's last commit, whose `epoch_begin` lies below this spool's end: the content
-    past `epoch_begin` is a tail no later route acknowledged (its primary failed
-    mid-commit and the journal moved on without this replica, acknowledging other
-    bytes at those offsets). It is cut off first — the committed content truncated to
-    `epoch_begin`, or the open fragment discarded (never closed: not served, not
-    persisted) when `epoch_begin` lies before it — and the roll then applies.
+    spool's last commit, whose epoch history has the first epoch after ours begin
+    below this spool's end: the content past that offset is a tail no later route
+    acknowledged (its primary failed mid-commit and the journal moved on without this
+    replica, acknowledging other bytes at those offsets). It is cut off first — the
+    committed content truncated to that offset, or the open fragment discarded (never
+    closed: not served, not persisted) when it lies before it — and the roll then
+    applies.
   - anything else: PROPOSAL_MISMATCH, answered with this spool's fragment/registers
     (and producer table, epoch and epoch_begin).
 
 The **epoch** is the etcd revision of the route under which the spool's last commit
 was adopted (given by the driver: the replicate stream's or the pipeline's header),
-and **epoch_begin** the offset where content of that epoch begins here. A sync compares
-epochs before offsets (append_rules.decide_sync): the largest offset wins only among
-tails of the newest epoch, and every older tail is cut at the newest epoch's begin —
+and **epoch_begin** the offset where content of that epoch begins here; **epochs** is
+the history of such pairs (one per revision that committed here, or adopted with a
+roll forward). A sync compares epochs before offsets (append_rules.decide_sync): the
+largest offset wins only among tails of the newest epoch, and every older tail of
+epoch e is cut where the newest tail's history has the first epoch after e begin —
+not merely at the newest epoch's begin: content of epochs in between was acknowledged
+too (test_sync_model found the difference) —
 on replicas and on the primary alike — so a member that rejoins with an old,
 unacknowledged commit can neither outrun nor shadow content acknowledged at the same
-offsets since (Kafka's leader-epoch truncation, KIP-101).
+offsets since (Kafka's leader-epoch truncation, KIP-101 and KIP-279).
 
 The producer table (producers.py) travels like the registers: a proposal's `mark` is
 recorded once the proposal is adopted (a commit, or a barrier that closes a history),
@@ -92,13 +97,16 @@ class NullObserver:
 
 _EMPTY_SHA1 = hashlib.sha1()
 _OK = ReplicateResponse(status=Status.OK)
+MAX_EPOCHS = 64
+"""Epoch history kept (one entry per route revision that committed here). A tail older
+than its oldest entry is cut at that entry's begin: more than needed, never less."""
 """Shared and immutable: the answer to every adopted proposal."""
 
 
 class Spool:
     __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
                  "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers",
-                 "epoch", "epoch_begin")
+                 "epoch", "epoch_begin", "epochs")
 
     def __init__(self, journal: str, *, files: FileFactory | None = None,
                  observer: SpoolObserver | None = None, begin: int = 0,
@@ -113,6 +121,9 @@ class Spool:
         """Route revision of the last commit (or of the state a roll adopted); 0 unknown."""
         self.epoch_begin = begin
         """The offset where this spool's content of `epoch` begins."""
+        self.epochs: tuple[tuple[int, int], ...] = ()
+        """The epoch history: (epoch, begin) of each epoch of our content, oldest first,
+        ending with (epoch, epoch_begin) (empty while the epoch is unknown)."""
         self.registers = registers
         self.first_append_time = 0.0
         self.delta = 0
@@ -175,18 +186,20 @@ class Spool:
         return ReplicateProposal(proposal=self.fragment, registers=self.registers,
                                  acknowledge=acknowledge, mark=mark, producers=producers,
                                  epoch=self.epoch if epoch else 0,
-                                 epoch_begin=self.epoch_begin if epoch else 0)
+                                 epoch_begin=self.epoch_begin if epoch else 0,
+                                 epochs=self.epochs if epoch else ())
 
     def roll_proposal(self, offset: int | None = None, codec: Codec | None = None,
                       registers: LabelSet | None = None, acknowledge: bool = True,
                       producers: ProducerSnapshot | None = None,
-                      epoch: int = 0, epoch_begin: int = 0) -> ReplicateProposal:
+                      epoch: int = 0, epoch_begin: int = 0,
+                      epochs: tuple[tuple[int, int], ...] = ()) -> ReplicateProposal:
         at = self.fragment.end if offset is None else offset
         return ReplicateProposal(
             proposal=Fragment(journal=self.journal, begin=at, end=at,
                               codec=self.fragment.codec if codec is None else codec),
             registers=self.registers if registers is None else registers, acknowledge=acknowledge,
-            producers=producers, epoch=epoch, epoch_begin=epoch_begin)
+            producers=producers, epoch=epoch, epoch_begin=epoch_begin, epochs=epochs)
 
     def should_roll(self, length_target: int, codec: Codec, flush_interval: float,
                     now: float | None = None) -> bool:
@@ -233,8 +246,9 @@ class Spool:
         prop = msg.proposal
         if prop.journal != self.journal:
             return self._mismatch()
-        if self._stale_for(msg):
-            self._cut_stale_tail(msg)
+        cut = self._stale_cut(msg)
+        if cut is not None:
+            self._cut_stale_tail(cut)
         end = self.fragment.end
         if prop.end > end + self.delta and 0 < msg.epoch < self.epoch:
             # A proposer whose content is of an older epoch than ours must not roll us
@@ -243,7 +257,7 @@ class Spool:
         if prop.end > end + self.delta or (prop.end == end and prop.begin == prop.end):
             self._roll(prop, msg.registers, primary, msg.producers)
             if msg.epoch > self.epoch:
-                self.epoch, self.epoch_begin = msg.epoch, msg.epoch_begin
+                self._set_epochs(msg.epochs or ((msg.epoch, msg.epoch_begin),))
 
         if prop == self.fragment and msg.registers == self.registers:
             self._rollback()
@@ -254,7 +268,8 @@ class Spool:
         if self.delta != 0 and prop == self.next():
             self._commit(prop, msg.registers, primary)
             if epoch and epoch != self.epoch:
-                self.epoch, self.epoch_begin = epoch, end
+                older = self.epochs if epoch > self.epoch else ()
+                self._set_epochs((*older[-(MAX_EPOCHS - 1):], (epoch, end)))
             if msg.mark is not None:
                 self.producers.apply(msg.mark)
             return _OK
@@ -293,21 +308,32 @@ class Spool:
     def _mismatch(self) -> ReplicateResponse:
         return ReplicateResponse(status=Status.PROPOSAL_MISMATCH, fragment=self.fragment,
                                  registers=self.registers, producers=self.producers.snapshot(),
-                                 epoch=self.epoch, epoch_begin=self.epoch_begin)
+                                 epoch=self.epoch, epoch_begin=self.epoch_begin,
+                                 epochs=self.epochs)
 
-    def _stale_for(self, msg: ReplicateProposal) -> bool:
-        """A synchronizing proposal from a newer epoch than our last commit's, which
-        began below our end: our content past its begin is a stale tail (module
-        docstring). Only sync proposals carry an epoch."""
-        return 0 < self.epoch < msg.epoch and msg.epoch_begin < self.fragment.end
+    def _set_epochs(self, epochs: tuple[tuple[int, int], ...]) -> None:
+        self.epochs = epochs
+        self.epoch, self.epoch_begin = epochs[-1] if epochs else (0, self.fragment.begin)
 
-    def _cut_stale_tail(self, msg: ReplicateProposal) -> None:
-        """Truncate our committed content to `msg.epoch_begin`, or — when the open
-        fragment begins at or past that offset — discard it (never closed: not served,
-        not persisted) and restart empty at `epoch_begin`; the observer's `on_discarded`
-        hears of the cut (closed fragments past it are the observer's to drop)."""
+    def _stale_cut(self, msg: ReplicateProposal) -> int | None:
+        """Where our stale tail begins, if we hold one: a synchronizing proposal from a
+        newer epoch than our last commit's says where each of its epochs begins, and our
+        content past the begin of the first epoch after ours is a tail no later route
+        acknowledged (module docstring; Kafka's KIP-279). None: nothing to cut. Only
+        sync proposals carry an epoch."""
+        if not 0 < self.epoch < msg.epoch:
+            return None
+        history = msg.epochs or ((msg.epoch, msg.epoch_begin),)
+        at = next((b for e, b in history if e > self.epoch), msg.epoch_begin)
+        return at if at < self.fragment.end else None
+
+    def _cut_stale_tail(self, at: int) -> None:
+        """Truncate our committed content to `at`, or — when the open fragment begins
+        at or past that offset — discard it (never closed: not served, not persisted)
+        and restart empty at `at`; the observer's `on_discarded` hears of the cut
+        (closed fragments past it are the observer's to drop). Epochs whose content
+        began at or past `at` are gone from our history with it."""
         cut = self.fragment
-        at = msg.epoch_begin
         if at > cut.begin:
             self.drop_after(at)
         else:
@@ -316,6 +342,7 @@ class Spool:
                 self._file.discard()
             self.producers.drop_after(at)
             self._restart_empty(at, cut.codec)
+        self._set_epochs(tuple((e, b) for e, b in self.epochs if b < at))
         on_discarded = getattr(self._observer, "on_discarded", None)
         if on_discarded is not None:
             on_discarded(self, cut, at)

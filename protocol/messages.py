@@ -180,6 +180,11 @@ class ReplicateProposal(Message, frozen=True):
     """With `epoch`: the offset at which that epoch's content begins. A replica holding
     content of an older epoch past it holds a tail no later route acknowledged: it cuts
     its spool back to `epoch_begin` before rolling (spool.py, "stale tails")."""
+    epochs: tuple[tuple[int, int], ...] = ()
+    """With `epoch`: the proposer's epoch history, (epoch, begin offset) of each epoch
+    its content is of, oldest first, ending with (`epoch`, `epoch_begin`). A replica
+    whose last commit is of epoch e cuts at the begin of the first epoch after e in it
+    (Kafka's KIP-279: `epoch_begin` alone misses epochs between e and `epoch`)."""
 
 
 class ReplicateContent(Message, frozen=True):
@@ -204,6 +209,8 @@ class ReplicateResponse(Message, frozen=True):
     """On PROPOSAL_MISMATCH: the epoch of the replica's last commit (0: unknown)."""
     epoch_begin: int = 0
     """On PROPOSAL_MISMATCH: the offset at which the replica's content of `epoch` begins."""
+    epochs: tuple[tuple[int, int], ...] = ()
+    """On PROPOSAL_MISMATCH: the replica's epoch history (ReplicateProposal.epochs)."""
 
 
 # -- topology & metadata ----------------------------------------------------------------
