@@ -23,12 +23,24 @@ from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
 from .fence import StreamFence
-from .replica import acquire_within
+from .replica import Replica, acquire_within
 from .spool import SpoolError
 
 log = get_logger(__name__)
 
 SPOOL_TIMEOUT = 30.0
+
+
+def take_spool(replica: Replica) -> None:
+    """A replicate stream takes the spool: what it holds that no primary acknowledged
+    is not ours to offer to the new primary's sync. That is a former primary's commits
+    nobody acknowledged (fence.py, Replica.drop_unacknowledged), and uncommitted
+    content: a primary whose pipeline broke after an append's content reached its own
+    spool, before the commit, keeps it as the spool's delta (the teardown does not roll
+    it back), and a delta made the sync's roll forward to an end within end + delta
+    look like a mismatch — the peer seemed behind and the append failed."""
+    replica.spool.rollback()
+    replica.drop_unacknowledged()
 
 
 async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -> bool:  # noqa: ANN001
@@ -64,9 +76,7 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         if not now.route.equivalent(hdr.route) and now.header.etcd.revision > hdr.etcd.revision:
             await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
             return False
-        # If we were this journal's primary, commits nobody acknowledged are not ours
-        # to offer to the new primary's sync (fence.py).
-        replica.drop_unacknowledged()
+        take_spool(replica)
         if fence is not None:
             replica.stream = (fence, conn)
         msg: object = first

@@ -6,7 +6,9 @@ Pure: real Spools driven by the same proposals a pipeline sends, no IO."""
 from __future__ import annotations
 
 from coordinator.append_rules import State, decide_sync
-from coordinator.spool import Spool
+from coordinator.replica import Replica
+from coordinator.replicate_api import take_spool
+from coordinator.spool import MemoryFiles, Spool
 from protocol import Fragment, ProcessId, ReplicateResponse, Route, Status
 
 from .sync_driver import run_sync
@@ -170,3 +172,20 @@ def test_a_tail_is_cut_where_the_first_newer_epoch_begins_not_the_newest() -> No
         assert seen_stale.closed == [] and seen_new.cut == []
         assert (stale.end, new.end, stale.epochs) == (2, 2, ((3, 0), (4, 1)))
 
+
+def test_a_former_primarys_uncommitted_content_does_not_fail_the_next_sync() -> None:
+    """test_sync_model: a primary whose pipeline broke after the append's content but
+    before its commit keeps that content as its spool's delta. When a new primary's
+    stream takes the spool, a roll forward past its end but within end + delta looked
+    like a mismatch, and the sync failed (PROPOSAL_MISMATCH, peer behind). Taking the
+    spool (replicate_api.take_spool) now drops uncommitted content too."""
+    former = Replica(J, MemoryFiles())
+    new = Spool(J)
+    for s in (former.spool, new):
+        commit(s, b"123456789", 4, primary=s is new)
+    commit(new, b"xxxxx", 5, primary=True)  # revision 5: reached no peer
+    former.spool.apply_content(0, b"yyyyyy")  # revision 6: former is primary; no commit
+    take_spool(former)  # revision 7: new's replicate stream takes the spool
+    assert former.spool.delta == 0
+    sync(new, [former.spool], revision=7)
+    assert (new.end, former.spool.end) == (14, 14)
