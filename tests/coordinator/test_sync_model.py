@@ -142,6 +142,9 @@ class SyncModel(RuleBasedStateMachine):
         for m in peers:
             take_spool(m)
         route = route_of(self.primary, self.peers)
+        # append_sync: the sync proposal exposes our end (peers behind roll past it),
+        # so it is never dropped as unacknowledged afterwards.
+        p.expose(p.spool.end)
         try:
             run_sync(p.spool, [m.spool for m in peers], self.revision, route=route,
                      peer_ids=[member_id(i) for i in self.peers])
