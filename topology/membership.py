@@ -60,6 +60,9 @@ __all__ = ["BrokerSpec", "Membership", "doubt_margin", "own_key_verdict"]
 
 log = structlog.get_logger()
 
+STARTUP_WAIT = 60.0
+"""Seconds a starting member waits for an unreachable etcd before giving up."""
+
 
 class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What a member announces (the value of its member key)."""
@@ -142,7 +145,22 @@ class Membership:
         return not self.lost.is_set() and time.monotonic() < self.valid_until - self._margin
 
     async def __aenter__(self) -> Membership:
-        await self._announce()
+        # etcd may be restarting as we start (a supervisor restarting us after a crash
+        # often races an etcd restart): wait for it, bounded, instead of exiting at once.
+        deadline = time.monotonic() + STARTUP_WAIT
+        delay = 0.2
+        while True:
+            try:
+                await self._announce()
+                break
+            except (aetcd.exceptions.ConnectionFailedError,
+                    aetcd.exceptions.ConnectionTimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("etcd unreachable; announcing again", member=str(self._spec.id),
+                            error=str(exc)[:200], delay=delay)
+                await asyncio.sleep(delay)  # backoff against an unavailable etcd
+                delay = min(delay * 2, 5.0)
         log.info("member announced", member=str(self._spec.id), lease=self._lease_id,
                  ttl=self._ttl, endpoint=self._spec.endpoint)
         return self

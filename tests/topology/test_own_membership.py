@@ -215,3 +215,27 @@ async def test_own_key_watch_survives_etcd_restart(etcd_root: str) -> None:
                 assert m.lost_reason == "member key deleted"
         finally:
             await c.close()
+
+
+async def test_a_member_starting_while_etcd_is_down_waits_for_it(etcd_root: str) -> None:
+    """A supervisor's restart often races an etcd restart: announcing waits (bounded)
+    for etcd instead of exiting (chaos: consumer members restarted during etcd-restart
+    faults exited 1 three times and were given up)."""
+    with EtcdService("etcd-own-late") as etcd:
+        c = await connect(etcd.url, timeout=2.0)
+        try:
+            await asyncio.to_thread(etcd.stop)
+            entering = asyncio.ensure_future(
+                Membership(c, etcd_root, BrokerSpec(id=A), ttl=5).__aenter__())
+            done, _ = await asyncio.wait({entering}, timeout=2.0)
+            assert not done, entering.result()  # waiting, not failed
+            await asyncio.to_thread(etcd.start)
+            m = await asyncio.wait_for(entering, 60.0)
+            try:
+                assert not m.lost.is_set()
+                got = await c.get(member_key(etcd_root, A).encode())
+                assert got is not None
+            finally:
+                await m.__aexit__(None, None, None)
+        finally:
+            await c.close()
