@@ -58,7 +58,10 @@ pytestmark = pytest.mark.timeout(180)
 
 KEY, OTHER_KEY = os.urandom(32), os.urandom(32)
 RING = Keyring([KEY])
-ADMIN = RING.mint(Capability(127), Scope.of(["*"]), 3600, "admin")
+MODULE_TTL = 86400
+"""Tokens minted at import live a day: the suite may reach this module long after
+collection (a 600 s token expired in a 21-minute run)."""
+ADMIN = RING.mint(Capability(127), Scope.of(["*"]), MODULE_TTL, "admin")
 
 IN, OUT, LOOKALIKE = "team-a/events", "team-b/events", "team-ab/events"
 SOLO = "team-a/solo"  # R=1: reached through a non-member, i.e. proxied
@@ -260,7 +263,7 @@ async def test_authorization_matrix(authed: Cluster) -> None:
 # -- traffic with auth on --------------------------------------------------------------
 
 TEAM_A = RING.mint(Capability.APPEND | Capability.READ | Capability.LIST, Scope.of(["team-a/"]),
-                   600, "team-a-app")
+                   MODULE_TTL, "team-a-app")
 
 
 async def _read_all(client, journal: str, end: int) -> bytes:  # noqa: ANN001

@@ -19,8 +19,11 @@ from .test_server import exchange
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio(loop_scope="session")]
 
 RING = Keyring([os.urandom(32)])
-VIEWER = RING.mint(Capability.LIST | Capability.READ, Scope.of(["team-a/"]), 600, "viewer")
-NO_LIST = RING.mint(Capability.READ, Scope.of(["*"]), 600, "reader")
+MODULE_TTL = 86400
+"""Tokens minted at import live a day: the suite may reach this module long after
+collection (a 600 s token expired in a 21-minute run)."""
+VIEWER = RING.mint(Capability.LIST | Capability.READ, Scope.of(["team-a/"]), MODULE_TTL, "viewer")
+NO_LIST = RING.mint(Capability.READ, Scope.of(["*"]), MODULE_TTL, "reader")
 
 
 @pytest.fixture
