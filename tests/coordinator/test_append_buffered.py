@@ -13,11 +13,11 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import AppendRequest, Etcd, Header, LabelSet, Status
+from protocol import AppendRequest, LabelSet, Status
 from coordinator.append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, State
 from coordinator.replica import Replica
 from coordinator.spool import MemoryFiles
-from tests.coordinator.test_append_fsm import J, ROUTE, SPEC, _Pipeline, _Source
+from tests.coordinator.test_append_fsm import J, _Pipeline, _Source, run_owned
 
 
 class _Arriving(_Source):
@@ -47,15 +47,7 @@ class _Arriving(_Source):
 async def _append(replica: Replica, pln: _Pipeline, source: _Source,
                   union: LabelSet | None = None) -> AppendFSM:
     """One append from VALIDATE_PRECONDITIONS on an owned, synchronized pipeline."""
-    fsm = AppendFSM(SimpleNamespace(), AppendRequest(journal=J, union_registers=union), source)
-    fsm.res = SimpleNamespace(spec=SPEC, header=Header(route=ROUTE, etcd=Etcd(revision=5)))
-    fsm.replica, fsm.pipeline = replica, pln
-    await replica.pipeline_lock.acquire()
-    fsm.owns_pipeline = True
-    fsm.state = State.VALIDATE_PRECONDITIONS
-    await fsm.run()
-    assert not replica.pipeline_lock.locked()
-    return fsm
+    return await run_owned(replica, pln, AppendRequest(journal=J, union_registers=union), source)
 
 
 def _chunks(content: bytes, cuts: list[int]) -> list[bytes]:

@@ -408,7 +408,13 @@ async def _identified(replica: Replica, pln: _Pipeline, txn: int, *chunks: bytes
     """Run an identified append from VALIDATE_PRECONDITIONS on an owned pipeline."""
     req = AppendRequest(journal=J, producer="w", generation=1, history=1, txn=txn,
                         close_history=close)
-    fsm = AppendFSM(SimpleNamespace(), req, _Source(*chunks, None))
+    return await run_owned(replica, pln, req, _Source(*chunks, None))
+
+
+async def run_owned(replica: Replica, pln: _Pipeline, req: AppendRequest,
+                    source: _Source) -> AppendFSM:
+    """Run `req` from VALIDATE_PRECONDITIONS on an owned, synchronized pipeline."""
+    fsm = AppendFSM(SimpleNamespace(), req, source)
     fsm.res = SimpleNamespace(spec=SPEC, header=Header(route=ROUTE, etcd=Etcd(revision=5)))
     fsm.replica, fsm.pipeline = replica, pln
     await replica.pipeline_lock.acquire()
