@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,3 +212,20 @@ async def serve_journal(cluster: Cluster, journal: str, replication: int = 3) ->
 
 def make_workdir() -> str:
     return tempfile.mkdtemp(prefix="quire-coord-")
+
+
+@contextlib.contextmanager
+def running(etcd_url: str, root: str, n: int = 3, extra: list[str] | None = None):  # noqa: ANN201
+    """`n` coordinators in two zones (node-0 … node-{n-1}), started; stopped and their
+    workdir removed afterwards (kept with QUIRE_KEEP_WORKDIR)."""
+    c = Cluster(etcd_url, root, make_workdir(), extra=list(extra or ()))
+    for i in range(n):
+        c.add(f"zone-{i % 2}", f"node-{i}")
+    for node in c.nodes:
+        c.start(node)
+    try:
+        yield c
+    finally:
+        c.stop_all()
+        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
+            shutil.rmtree(c.workdir, ignore_errors=True)

@@ -1,27 +1,18 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
 from protocol import ListFragmentsRequest, ListFragmentsResponse, ReadRequest, ReadResponse, Status
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 
 
 @pytest.fixture
 def cluster(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = Cluster(etcd.url, etcd_root, make_workdir())
-    for i in range(3):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for n in c.nodes:
-        c.start(n)
-    try:
+    with running(etcd.url, etcd_root) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 async def test_append_and_read_r3(cluster: Cluster) -> None:

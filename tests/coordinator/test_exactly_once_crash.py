@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 
 import pytest
@@ -24,7 +23,7 @@ from protocol import JournalSpec, Status
 from protocol.errors import IndexHasGreaterOffset, TxnSuperseded
 from quire.client import Client, Producer, TxnId
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 from .test_exactly_once import _record, _txns
 
 pytestmark = pytest.mark.timeout(180)
@@ -35,15 +34,8 @@ LENGTH = 2048
 
 @pytest.fixture
 def cluster3(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = Cluster(etcd.url, etcd_root, make_workdir())
-    for i in range(3):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
-    yield c
-    c.stop_all()
-    if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-        shutil.rmtree(c.workdir, ignore_errors=True)
+    with running(etcd.url, etcd_root) as c:
+        yield c
 
 
 async def crash_every_replica_and_resend(c: Cluster, journal_spec: JournalSpec, state_dir,  # noqa: ANN001
