@@ -381,20 +381,28 @@ class ShardRunner:
             async with self.client.read(self.spec.recovery_log, store.log_offset, block=True,
                                         follow=True) as reader:
                 it = reader.__aiter__()
-                while not stop.is_set():
-                    nxt = asyncio.ensure_future(it.__anext__())
-                    done, _ = await asyncio.wait({nxt, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    if nxt not in done:
+                nxt: asyncio.Future[tuple[int, bytes]] | None = None
+                try:
+                    while not stop.is_set():
+                        nxt = asyncio.ensure_future(it.__anext__())
+                        done, _ = await asyncio.wait({nxt, stopping},
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        if nxt not in done:
+                            break
+                        at, data = nxt.result()
+                        for record, record_end in records.feed(at, data):
+                            if not record.fence:
+                                store.apply(record.ops, record_end)
+                        self.log_offset = records.offset
+                        self._replay_progress(len(data))
+                        if self.lifecycle.state is ShardState.BACKFILL and records.offset >= head:
+                            self.lifecycle.to(ShardState.STANDBY)
+                finally:
+                    # Reaped on every exit (a stop, or this task cancelled in the wait)
+                    # before the reader closes: closing it while that read still runs
+                    # raised "aclose(): asynchronous generator is already running".
+                    if nxt is not None:
                         await cancel_all([nxt])
-                        break
-                    at, data = nxt.result()
-                    for record, record_end in records.feed(at, data):
-                        if not record.fence:
-                            store.apply(record.ops, record_end)
-                    self.log_offset = records.offset
-                    self._replay_progress(len(data))
-                    if self.lifecycle.state is ShardState.BACKFILL and records.offset >= head:
-                        self.lifecycle.to(ShardState.STANDBY)
             stopping.cancel()
         finally:
             store.close()
