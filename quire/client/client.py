@@ -1,4 +1,4 @@
-"""The asyncio client: appends, reads, and the metadata RPCs of a quire cluster.
+"""The asyncio client: appends, reads, and (inherited from metadata.py) the metadata RPCs.
 
     client = Client(["127.0.0.1:8080"])
     result = await client.append("topic/part-000", b"hello\\n")
@@ -34,29 +34,15 @@ import os
 import time
 from ssl import SSLContext
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from protocol import (
     AppendChunk,
     AppendCommit,
     AppendRequest,
     AppendResponse,
-    ApplyChange,
-    ApplyRequest,
-    ApplyResponse,
-    BrokerInfo,
-    FragmentInfo,
-    JournalSpec,
     LabelSelector,
     LabelSet,
-    ListBrokersRequest,
-    ListBrokersResponse,
-    ListEntry,
-    ListFragmentsRequest,
-    ListFragmentsResponse,
-    ListRequest,
-    ListResponse,
-    Message,
     Status,
     parse_selector,
     validate_journal_name,
@@ -68,12 +54,11 @@ from protocol.wire import encode_frame
 from .body import AppendData, Body
 from .producer import TxnId
 from .connection import Connection, ConnectionPool
+from .metadata import MetadataCalls
 from .reader import Reader
 from .results import AppendResult
 from .retry import ROUTING_STATUSES, backoff, reason, strip_status
 from .routes import RouteCache
-
-R = TypeVar("R", bound=Message)
 
 _CHUNK = AppendChunk()
 _COMMIT = encode_frame(AppendCommit())
@@ -98,7 +83,7 @@ def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
     return CommitUnknown(text, journal=journal, detail=detail)
 
 
-class Client:
+class Client(MetadataCalls):
     def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
                  rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
                  max_idle: int = 8, token: TokenSource | None = None,
@@ -342,101 +327,6 @@ class Client:
         """The journal's current write head (a non-blocking metadata read at -1)."""
         reader = Reader(self, journal, -1, metadata_only=True)
         return await reader.probe()
-
-    # -- metadata RPCs -------------------------------------------------------------
-
-    async def unary(self, request: Message, expect: type[R], *, journal: str = "",
-                    endpoint: str | None = None, idempotent: bool = True) -> R:
-        """One request, one response, with retries; a non-OK status raises."""
-        deadline = time.monotonic() + self.retry_timeout
-        attempt = 0
-        while True:
-            target = endpoint or (self.routes.for_read(journal) if journal else self.routes.seed())
-            sent = False
-            try:
-                async with self.pool.lease(target) as conn:
-                    sent = True
-                    await conn.send(request)
-                    frame = await conn.read(self.rpc_timeout)
-                if not isinstance(frame.message, expect):
-                    raise ProtocolError(f"{target} answered {type(request).__name__} with "
-                                        f"{type(frame.message).__name__}")
-                response = frame.message
-                status = getattr(response, "status", Status.OK)
-                if status == Status.OK:
-                    if journal:
-                        self.routes.update(journal, getattr(response, "header", None))
-                    return response
-                if status not in ROUTING_STATUSES or time.monotonic() >= deadline:
-                    raise for_status(status)(strip_status(status, getattr(response, "message", "")),
-                                             journal=journal, detail=response)
-                if journal:
-                    self.routes.invalidate(journal)
-            except Unavailable as exc:
-                self.routes.mark_down(target)
-                if (sent and not idempotent) or time.monotonic() >= deadline:
-                    raise Unavailable(reason(exc), journal=journal) from exc
-            await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
-            attempt += 1
-
-    async def list_journals(self, selector: LabelSelector | str = "") -> list[ListEntry]:
-        if isinstance(selector, str):
-            selector = parse_selector(selector)
-        response = await self.unary(ListRequest(selector=selector), ListResponse)
-        return sorted(response.journals, key=lambda e: e.spec.name)
-
-    async def get_journal(self, name: str) -> ListEntry:
-        """The entry of one journal; JournalNotFound if there is none."""
-        validate_journal_name(name, "journal")
-        for entry in await self.list_journals(LabelSelector(include=LabelSet.of(name=name))):
-            if entry.spec.name == name:
-                return entry
-        raise for_status(Status.JOURNAL_NOT_FOUND)("no such journal", journal=name)
-
-    async def apply(self, changes: Iterable[ApplyChange | JournalSpec]) -> int:
-        """Apply upserts and deletes in one etcd transaction; returns its revision.
-
-        A bare JournalSpec is an upsert without a revision check (-1)."""
-        items: list[ApplyChange] = []
-        for change in changes:
-            if isinstance(change, JournalSpec):
-                change.validate()
-                change = ApplyChange(upsert=change, expect_mod_revision=-1)
-            elif change.upsert is not None:
-                change.upsert.validate()
-            items.append(change)
-        response = await self.unary(ApplyRequest(changes=tuple(items)), ApplyResponse,
-                                    idempotent=False)
-        self.applied_revision = max(self.applied_revision, response.revision)
-        return response.revision
-
-    async def delete(self, name: str, *, expect_mod_revision: int | None = None) -> int:
-        """Delete a journal spec; JournalNotFound if it does not exist."""
-        if expect_mod_revision is None:
-            expect_mod_revision = (await self.get_journal(name)).mod_revision
-        return await self.apply([ApplyChange(delete=name, expect_mod_revision=expect_mod_revision)])
-
-    async def list_fragments(self, journal: str, *, begin_mod_time: int = 0,
-                             end_mod_time: int = 0, signature_ttl: float = 60.0) -> list[FragmentInfo]:
-        validate_journal_name(journal, "journal")
-        out: list[FragmentInfo] = []
-        token = 0
-        while True:
-            response = await self.unary(
-                ListFragmentsRequest(journal=journal, begin_mod_time=begin_mod_time,
-                                     end_mod_time=end_mod_time, next_page_token=token,
-                                     signature_ttl=signature_ttl),
-                ListFragmentsResponse, journal=journal)
-            out.extend(response.fragments)
-            # The token is the next fragment's begin; a token that does not move would
-            # loop forever on a confused broker.
-            if not response.next_page_token or response.next_page_token <= token:
-                return out
-            token = response.next_page_token
-
-    async def list_brokers(self) -> list[BrokerInfo]:
-        response = await self.unary(ListBrokersRequest(), ListBrokersResponse)
-        return sorted(response.brokers, key=lambda b: (b.id.zone, b.id.suffix))
 
     async def reset_head(self, journal: str) -> AppendResult:
         """Gazette's reset-head: an empty append at the write head with suspend=keep, so
