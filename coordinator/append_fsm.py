@@ -10,8 +10,9 @@ whose route is the resolution's) walks the same states, but each no-op state is 
 while the keyspace revision has not moved.
 
 The pipeline states (ACQUIRE_PIPELINE .. UPDATE_ASSIGNMENTS, which do real work only
-after a route change) are a mixin in append_sync.py; here are the states every append
-walks. Suspension (the digest's UpdateSuspend is an action of RESOLVE and
+after a route change) are a mixin in append_sync.py, STREAM_CONTENT and
+READ_ACKNOWLEDGEMENTS one in append_stream.py; here are the loop and the states
+before the pipeline. Suspension (the digest's UpdateSuspend is an action of RESOLVE and
 VALIDATE_PRECONDITIONS, not a state of its own) is the `SuspendStates` mixin in
 coordinator/suspend.py, beside the etcd write it makes.
 
@@ -31,14 +32,12 @@ the client must not re-send it as if it had certainly failed.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Protocol
 
 from protocol.logs import get_logger
 from protocol import AppendRequest, Fragment, LabelSet, Status, Suspend
 
-from . import metrics
 from .append_rules import (
     TERMINAL,
     AppendAborted,
@@ -46,18 +45,16 @@ from .append_rules import (
     Decision,
     State,
     go,
-    decide_broken,
     decide_replicas,
     decide_resolve,
-    edits_registers,
-    next_registers,
     validate_preconditions,
 )
 from .append_eo import ExactlyOnceStates
+from .append_stream import NOT_BUFFERED, ContentSource, StreamStates
 from .append_sync import LOCK_TIMEOUT, PipelineSyncStates
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
-from .suspend import RESUME_TIMEOUT, SuspendStates  # noqa: F401 - RESUME_TIMEOUT: kept importable here
+from .suspend import SuspendStates
 
 __all__ = ["AppendAborted", "AppendFSM", "ContentSource", "NOT_BUFFERED", "State", "TRANSITIONS"]
 
@@ -67,21 +64,6 @@ MAX_RESOLVES = 30
 INDEX_WAIT = 10.0
 """Seconds a primary waits for its replica's first fragment-index load before an
 append fails UNAVAILABLE (the client retries)."""
-
-
-NOT_BUFFERED: Any = object()
-"""`ContentSource.next_buffered()`: the next frame has not fully arrived yet."""
-
-
-class ContentSource(Protocol):
-    async def next_chunk(self) -> bytes | memoryview | None:
-        """The next non-empty chunk, or None once the client commits. Raises AppendAborted."""
-
-    # Optional: `next_buffered()` is next_chunk() for a frame already received, and
-    # NOT_BUFFERED (nothing taken) when the next frame has not fully arrived.
-
-    def throttled(self, seconds: float) -> None:
-        """The broker held the append back this long (max rate): not the client's delay."""
 
 
 class Broker(Protocol):
@@ -97,7 +79,7 @@ class Broker(Protocol):
     async def update_suspend(self, journal: str, suspend: Suspend) -> int: ...
 
 
-class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
+class AppendFSM(SuspendStates, PipelineSyncStates, StreamStates, ExactlyOnceStates):
     def __init__(self, broker: Broker, req: AppendRequest, source: ContentSource) -> None:
         self.broker = broker
         self.req = req
@@ -302,120 +284,6 @@ class AppendFSM(SuspendStates, PipelineSyncStates, ExactlyOnceStates):
             return self._fail(Status.UNAVAILABLE, f"the fragment index of {self.req.journal} "
                               f"is not loaded yet (is Redis reachable?)")
         await self._on_validate_preconditions()
-
-    async def _on_stream_content(self) -> None:
-        pln, replica, spec = self.pipeline, self.replica, self.res.spec
-        assert pln is not None and replica is not None
-        if self.original is not None:
-            return await self._duplicate(pln)
-        spool = replica.spool
-        started = spool.delta == 0 and self.total_chunks == 0
-        if started:
-            frag = spec.fragment
-            if spool.should_roll(frag.length, frag.compression_codec, frag.flush_interval):
-                pln.send_proposal(spool.roll_proposal(codec=frag.compression_codec, acknowledge=False))
-            self._summer = hashlib.sha1()
-            self._begin = spool.end
-            self._limiter = replica.limiter_for(spec.max_append_rate)
-        # Frames the client already sent are taken without a coroutine each (the whole
-        # append, commit included, is usually in the buffer by now): the same checks and
-        # the same spool/peer writes per chunk, and one drain before the commit instead
-        # of one per chunk — a peer lost while streaming is still found before the
-        # commit leaves (definite). Not with a max rate: its limiter may have to wait.
-        buffered = getattr(self.source, "next_buffered", None) if self._limiter is None else None
-        undrained = False
-        try:
-            while True:
-                chunk = buffered() if buffered is not None else NOT_BUFFERED
-                if chunk is NOT_BUFFERED:
-                    if undrained:
-                        await pln.drain()
-                        undrained = False
-                    chunk = await self.source.next_chunk()
-                if chunk is None:
-                    if undrained:
-                        await pln.drain()
-                    return await self._commit(pln, replica)
-                if not spec.writable:
-                    raise AppendAborted("journal is not writable")
-                if self._limiter is not None:
-                    delay = await self._limiter.acquire(len(chunk))
-                    if delay:
-                        self.delayed_chunks += 1
-                        throttled = getattr(self.source, "throttled", None)
-                        if throttled is not None:
-                            throttled(delay)
-                pln.send_content(chunk)
-                self._summer.update(chunk)
-                self.total_chunks += 1
-                undrained = True
-        except AppendAborted as exc:
-            self._aborted = exc
-            await self._rollback(pln)
-        except PipelineBroken as exc:
-            # Content chunks alone are rolled back by every replica when the stream
-            # ends (definite); once the commit was sent the outcome is unknown.
-            self._go(decide_broken(self.commit_sent, str(exc)))
-
-    async def _commit(self, pln: Pipeline, replica: Replica) -> None:
-        spool = replica.spool
-        carries = spool.delta != 0
-        req = self.req
-        begin = self._begin
-        end = spool.end + spool.delta
-        digest = self._summer.hexdigest() if end > begin else "0" * 40
-        mark = self._mark(spool, digest) if req.producer else None
-        if not carries:
-            if edits_registers(req):
-                self._aborted = AppendAborted("a zero-byte append cannot edit registers")
-                return await self._rollback(pln)
-            # A transaction barrier (an identified one records its txn, or a close).
-            prop = spool.rollback_proposal(acknowledge=True, mark=mark)
-        else:
-            prop = spool.commit_proposal(next_registers(spool.registers, req), mark)
-        # send_proposal checks the pipeline before anything leaves: a broken one raises
-        # with nothing sent (still definite). Past this point a peer may get the commit
-        # (or, for an identified barrier, record its txn).
-        self.commit_sent = (carries or mark is not None) and pln.broken is None
-        local = pln.send_proposal(prop)
-        if local.status != Status.OK:
-            raise PipelineBroken(f"local spool refused its own proposal: {local.status.name}")
-        # The append's own span (spool.end is `end` now; a barrier leaves it as it was).
-        self.commit = Fragment(journal=req.journal, begin=begin, end=end, sum=digest,
-                               codec=spool.fragment.codec)
-        self.registers = spool.registers
-        await self._hand_off(pln)
-
-    async def _rollback(self, pln: Pipeline) -> None:
-        try:
-            pln.send_proposal(pln.spool.rollback_proposal(acknowledge=True))
-            await self._hand_off(pln)
-        except PipelineBroken as exc:
-            self._go(decide_broken(self.commit_sent, str(exc)))
-
-    async def _hand_off(self, pln: Pipeline) -> None:
-        """Take a receive ticket, then release the send side to the next append."""
-        self._ticket = pln.ticket(must_ok=True)
-        await self._release_pipeline()
-        self._go(State.READ_ACKNOWLEDGEMENTS)
-        await pln.drain()
-
-    async def _on_read_acknowledgements(self) -> None:
-        pln, replica = self.pipeline, self.replica
-        assert pln is not None and replica is not None and self._ticket is not None
-        try:
-            await self._ticket  # = pln.gather_ok(ticket), one frame less on every resume
-        except Exception as exc:  # noqa: BLE001
-            # A broken pipeline, a non-OK answer or ACK_TIMEOUT: some peers may have
-            # adopted our commit, so after a commit this is COMMIT_UNKNOWN (not
-            # UNAVAILABLE, which the client would re-send: finding 1 of reliability.md).
-            return self._go(decide_broken(self.commit_sent, f"replication failed: {exc!r}"))
-        if self._aborted is not None:
-            metrics.APPENDS_ABORTED.labels(self._aborted.reason.split(":")[0][:40]).inc()
-            return self._fail(Status.ABORTED, self._aborted.reason)
-        if self.commit is not None and self.original is None:
-            replica.publish(self.commit.end)  # (its bytes are counted by append_api)
-        self._go(State.FINISHED)
 
     async def _release_pipeline(self) -> None:
         if self.owns_pipeline and self.replica is not None:
