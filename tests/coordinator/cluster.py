@@ -215,12 +215,13 @@ def make_workdir() -> str:
 
 
 @contextlib.contextmanager
-def running(etcd_url: str, root: str, n: int = 3, extra: list[str] | None = None):  # noqa: ANN201
-    """`n` coordinators in two zones (node-0 … node-{n-1}), started; stopped and their
-    workdir removed afterwards (kept with QUIRE_KEEP_WORKDIR)."""
+def running(etcd_url: str, root: str, n: int = 3, extra: list[str] | None = None,  # noqa: ANN201
+            prefix: str = "node"):
+    """`n` coordinators in two zones (<prefix>-0 … <prefix>-{n-1}), started; stopped and
+    their workdir removed afterwards (kept with QUIRE_KEEP_WORKDIR)."""
     c = Cluster(etcd_url, root, make_workdir(), extra=list(extra or ()))
     for i in range(n):
-        c.add(f"zone-{i % 2}", f"node-{i}")
+        c.add(f"zone-{i % 2}", f"{prefix}-{i}")
     for node in c.nodes:
         c.start(node)
     try:

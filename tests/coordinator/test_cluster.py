@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
 import time
 
 import pytest
@@ -13,40 +11,21 @@ import pytest
 from protocol import AppendChunk, AppendRequest, AppendResponse, ProtocolError, Status
 from protocol.stream import FrameStream
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _cluster(etcd, etcd_root, n: int, extra: list[str] | None = None) -> Cluster:  # noqa: ANN001
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=extra or [])
-    for i in range(n):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
-    return c
-
-
 @pytest.fixture
 def cluster3(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = _cluster(etcd, etcd_root, 3, ["--min-append-rate", "65536"])
-    try:
+    with running(etcd.url, etcd_root, 3, ["--min-append-rate", "65536"]) as c:
         yield c
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 @pytest.fixture
 def cluster4(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = _cluster(etcd, etcd_root, 4)
-    try:
+    with running(etcd.url, etcd_root, 4) as c:
         yield c
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 async def _setup(c: Cluster, journals: list[str], length: int = 1 << 20) -> None:

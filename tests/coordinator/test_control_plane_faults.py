@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +26,7 @@ from protocol.errors import QuireError
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, make_workdir, serve_journal
+from .cluster import Cluster, Conn, running, serve_journal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,17 +37,8 @@ BOUND = TTL + 5.0
 
 @pytest.fixture
 def cluster3(etcd, etcd_root):
-    c = Cluster(etcd.url, etcd_root, make_workdir())
-    for i in range(3):
-        c.add(f"zone-{i % 2}", f"cpf-{i}")
-    for node in c.nodes:
-        c.start(node)
-    try:
+    with running(etcd.url, etcd_root, 3, prefix="cpf") as c:
         yield c
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -27,38 +26,23 @@ from protocol import Status
 from protocol.errors import HistoryClosed, ProducerGenerationRetired, TxnOutOfOrder
 from quire.client import AppendService, Client, Producer, TxnId
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(240)
 
 FULL = bool(os.environ.get("QUIRE_EO_FULL"))
 
 
-def _cluster(etcd, etcd_root, n: int) -> Cluster:  # noqa: ANN001
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--drain-timeout", "20"])
-    for i in range(n):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
-    return c
-
-
 @pytest.fixture
 def cluster3(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = _cluster(etcd, etcd_root, 3)
-    yield c
-    c.stop_all()
-    if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-        shutil.rmtree(c.workdir, ignore_errors=True)
+    with running(etcd.url, etcd_root, 3, ["--drain-timeout", "20"]) as c:
+        yield c
 
 
 @pytest.fixture
 def cluster4(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = _cluster(etcd, etcd_root, 4)
-    yield c
-    c.stop_all()
-    if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-        shutil.rmtree(c.workdir, ignore_errors=True)
+    with running(etcd.url, etcd_root, 4, ["--drain-timeout", "20"]) as c:
+        yield c
 
 
 async def _setup(c: Cluster, journals: list[str]) -> None:

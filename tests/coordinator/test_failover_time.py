@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import time
 
@@ -25,7 +23,7 @@ from protocol import ProcessId
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, make_workdir, serve_journal
+from .cluster import Cluster, Conn, running, serve_journal
 from .test_control_plane_faults import J, Writer
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,17 +33,9 @@ TTL = 5.0
 
 @pytest.fixture
 def cluster4(etcd, etcd_root):
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--lease-ttl", str(int(TTL))])
-    for i in range(4):  # a spare: the journal needs 3 live members after the kill
-        c.add(f"zone-{i % 2}", f"fo-{i}")
-    for node in c.nodes:
-        c.start(node)
-    try:
+    # A spare: the journal needs 3 live members after the kill.
+    with running(etcd.url, etcd_root, 4, ["--lease-ttl", str(int(TTL))], prefix="fo") as c:
         yield c
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 async def _poll(pred, timeout: float, step: float = 0.02) -> float:

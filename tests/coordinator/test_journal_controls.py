@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 
 import msgspec
@@ -13,24 +11,15 @@ import pytest
 from protocol import AppendResponse, JournalSpec, Status, Suspend, SuspendLevel
 from coordinator.flow_control import MinRatePolicer, RateLimiter
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
 def cluster3(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--min-append-rate", "65536"])
-    for i in range(3):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
-    try:
+    with running(etcd.url, etcd_root, 3, ["--min-append-rate", "65536"]) as c:
         yield c
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 # -- max_append_rate ---------------------------------------------------------------------

@@ -10,8 +10,6 @@ every member reports a write head at or past the last acknowledged end.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import signal
 import time
 
@@ -19,7 +17,7 @@ import pytest
 
 from protocol import ListBrokersRequest, ListBrokersResponse, Status
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, running, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -28,20 +26,13 @@ J = "pause/j"
 
 @pytest.fixture
 def cluster4(etcd, etcd_root):  # noqa: ANN001, ANN201
-    c = Cluster(etcd.url, etcd_root, make_workdir())  # --lease-ttl 3 (cluster.py)
-    for i in range(4):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
-    try:
-        yield c
-    finally:
-        for n in c.nodes:
-            if n.proc is not None and n.proc.poll() is None:
-                n.proc.send_signal(signal.SIGCONT)
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
+    with running(etcd.url, etcd_root, 4) as c:  # --lease-ttl 3 (cluster.py)
+        try:
+            yield c
+        finally:
+            for n in c.nodes:  # a paused one could not be stopped
+                if n.proc is not None and n.proc.poll() is None:
+                    n.proc.send_signal(signal.SIGCONT)
 
 
 async def _route(endpoint: str):  # noqa: ANN202

@@ -11,8 +11,6 @@ keep the producer tables, and only the store holds the bytes.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 
 from fragment_store import list_fragments, open_store
 from protocol import FragmentSpec, JournalSpec
-from tests.coordinator.cluster import Cluster, make_workdir
+from tests.coordinator.cluster import running
 from tests.coordinator.test_exactly_once_crash import crash_every_replica_and_resend
 
 pytestmark = pytest.mark.timeout(180)
@@ -31,11 +29,6 @@ J = "eo/crash-store"
 async def test_kill9_of_every_replica_with_the_bytes_only_in_the_store(
         start_worker, etcd, etcd_root, redis_db, file_store, tmp_path: Path) -> None:  # noqa: ANN001
     start_worker(queues=("persist", "index", "celery"))
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--redis", redis_db.url])
-    for i in range(3):
-        c.add(f"zone-{i % 2}", f"node-{i}")
-    for node in c.nodes:
-        c.start(node)
     spec = JournalSpec(name=J, replication=3, fragment=FragmentSpec(
         length=2048, compression_codec="none", stores=(file_store,), refresh_interval=1.0))
 
@@ -51,10 +44,6 @@ async def test_kill9_of_every_replica_with_the_bytes_only_in_the_store(
             assert time.monotonic() < deadline, (covered, sealed, local)
             await asyncio.sleep(0.2)  # the worker and the index refresh run elsewhere
 
-    try:
+    with running(etcd.url, etcd_root, 3, ["--redis", redis_db.url]) as c:
         await crash_every_replica_and_resend(c, spec, tmp_path / "producers",
                                              before_kill=persisted_and_dropped)
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
