@@ -8,9 +8,11 @@ acknowledgement) resolves: no polling.
 
 Gaps: a member can lack committed bytes below its write head — after a crash its open
 spool is dropped and a sync rolls it forward past bytes only its peers (or, once
-persisted, the store) hold. Such a gap is filled from the peers (`held_only` reads
-relayed to the reader); only what no peer holds either (pruned, or lost by every
-replica) is skipped, the reader's offset jumping to the next readable byte.
+persisted, the store) hold. Such a gap is filled from the peers, and from former
+members that still hold it (`held_only` reads relayed to the reader); a blocking read
+waits up to GAP_WAIT for the index to cover what no one holds, and only then — pruned,
+or lost by every replica — skips it, the reader's offset jumping to the next readable
+byte.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from .read_relay import METADATA_SENT, READ_CHUNK, connect_member, fill_gap, pro
 
 log = get_logger(__name__)
 
+GAP_WAIT = 10.0
+"""Seconds a blocking read waits for a gap no member holds to show up in the index
+(a former member persisting it) before it skips the gap as lost."""
+
 FETCH_CHUNK = 1 << 20
 
 
@@ -52,14 +58,17 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
         await conn.send(ReadResponse(status=Status.NOT_ALLOWED, header=res.header,
                                      message="journal is write-only"))
         return True
-    if not res.is_member:
+    held = getattr(broker, "replicas", {}).get(req.journal) if req.held_only else None
+    if not res.is_member and held is None:
         if req.do_not_proxy or not res.route.endpoints:
             await conn.send(ReadResponse(status=Status.NOT_JOURNAL_BROKER, header=res.header))
             return True
         peer_auth = getattr(broker, "peer_auth", None)
         return await proxy_read(conn, req, res,
                                 peer_auth(Capability.READ, req.journal) if peer_auth else None)
-    replica = broker.replica(req.journal)
+    # A member's own replica; or, for a gap read (held_only), what a former member
+    # still holds of the journal (kept until persisted: read_relay.gap_holders).
+    replica = held if held is not None else broker.replica(req.journal)
     gone = _Gone(conn)
     try:
         keep = await _stream(broker, conn, req, res, replica, gone)
@@ -102,6 +111,8 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
     offset = replica.write_head if req.offset == -1 else req.offset
     first = True
     asked_peers_at = -1
+    gap_since: dict[int, float] = {}
+    loop = asyncio.get_running_loop()
     while True:
         if req.end_offset and offset >= req.end_offset:
             return True
@@ -123,6 +134,13 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                     offset, first = reached, False
                     continue
             if jump is not None and below_head and not req.held_only:
+                if req.block and gap_since.setdefault(offset, loop.time()) + GAP_WAIT > loop.time():
+                    # No one holds them *yet* in our view: a former member may be
+                    # persisting them, and our index learns of it only then. A blocking
+                    # reader waits (bounded) for the index, asking the members again.
+                    await replica.wait_change(1.0)
+                    asked_peers_at = -1
+                    continue
                 offset = jump  # no member holds these bytes (pruned, or lost by all)
                 continue
             if not req.block or req.held_only:

@@ -122,16 +122,29 @@ async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None
         await upstream.close()
 
 
+def gap_holders(broker, route, me) -> list[str]:  # noqa: ANN001
+    """Who may hold a member's gap: the route's other members first, then every other
+    live member — a former member (the primary the route just dropped) keeps the
+    content only it had (an exposed tail the sync rolled the others past) until its
+    fragments are persisted, and until then no one else can serve it (campaign seed 3:
+    a consumer's read skipped one such append and its counts came out short)."""
+    peers = [e for _, e in route.peers(me)]
+    members = getattr(getattr(broker, "keyspace", None), "members", None) or {}
+    others = sorted(m.spec.endpoint for pid, m in members.items()
+                    if pid != me and pid not in route.members and m.spec.endpoint)
+    return peers + [e for e in others if e not in peers]
+
+
 async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int,  # noqa: ANN001
                     gap_end: int) -> int | None:
-    """Relay [offset, gap_end) from the peers that hold it, each asked `held_only` from
-    where the last one stopped (one that fails mid-relay too); returns the offset
-    reached (== offset: no peer holds it), None if our reader's connection failed, or
-    METADATA_SENT when a metadata-only read was answered by a peer."""
+    """Relay [offset, gap_end) from the members that hold it (`gap_holders`), each asked
+    `held_only` from where the last one stopped (one that fails mid-relay too); returns
+    the offset reached (== offset: no one holds it), None if our reader's connection
+    failed, or METADATA_SENT when a metadata-only read was answered by a peer."""
     me = getattr(broker, "me", None)
     peer_auth = getattr(broker, "peer_auth", None)
     auth = peer_auth(Capability.READ, req.journal) if peer_auth else {}
-    for _, endpoint in res.route.peers(me):
+    for endpoint in gap_holders(broker, res.route, me):
         if offset >= gap_end:
             break
         upstream = await connect_member([endpoint], auth)
@@ -149,6 +162,7 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
             return METADATA_SENT
         if reached > offset:
             log.info("read gap filled from a peer", journal=req.journal, begin=offset,
-                     end=reached, peer=endpoint)
+                     end=reached, peer=endpoint,
+                     member=endpoint in res.route.endpoints)
             offset = reached
     return offset
