@@ -128,7 +128,8 @@ def run_campaign(base: ChaosConfig, seeds: list[int], out_dir: Path | None = Non
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         history = str(out_dir / f"seed-{seed}.history.jsonl") if out_dir else None
-        cfg = dataclasses.replace(base, seed=seed, history_path=history)
+        cfg = dataclasses.replace(base, seed=seed, history_path=history, workdir=str(
+            Path(base.workdir) / f"seed-{seed}") if base.workdir else None)
         started = time.monotonic()
         try:
             report, meta = asyncio.run(run_chaos(cfg))

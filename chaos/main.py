@@ -92,7 +92,8 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
     writers = "identified (exactly-once)" if meta.get("identified_writers") else "plain"
     console.print(f"duplicates: {report.counts['duplicates']}  (writers: {writers}; re-sent "
                   f"after an unknown outcome: {meta.get('identified_resent', 0)})")
-    console.print(("[green]SAFE[/]" if report.safe else "[red]UNSAFE[/]") + f" seed={meta['config']['seed']}")
+    console.print(("[green]SAFE[/]" if report.safe else "[red]UNSAFE[/]") + f" seed={meta['config']['seed']}"
+                  + (f"  (logs: {meta['workdir']})" if meta.get("workdir") else ""))
 
 
 def command(
@@ -107,6 +108,10 @@ def command(
     kinds: str = typer.Option("", "--kinds", help="Comma-separated fault kinds (default: all)."),
     history: Path | None = typer.Option(None, "--history", help="JSONL history (default next to --json)."),
     log_level: str = typer.Option("WARNING", "--log-level"),
+    workdir: Path | None = typer.Option(
+        None, "--workdir", help="The cluster's directory (logs, spools, etcd), kept as "
+                                "evidence (default: a new /tmp/quire-cluster-*; a campaign "
+                                "uses one seed-N/ inside it per seed)."),
     campaign: int = typer.Option(0, "--campaign", min=0,
                                  help="Run this many seeds (--seed, --seed+1, ...) one after another and print a table."),
     campaign_doc: Path | None = typer.Option(None, "--campaign-doc",
@@ -134,6 +139,7 @@ def command(
                       identified=identified, consumers=consumers,
                       consumer_members=consumer_members, consumer_shards=consumer_shards,
                       consumer_rate=consumer_rate,
+                      workdir=str(workdir) if workdir else None,
                       history_path=str(history) if history else default_history_path(
                           str(json_out) if json_out else None))
     if kinds:

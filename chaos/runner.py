@@ -239,6 +239,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     try:
         admin = await _setup(run)
         assert run.cluster is not None
+        meta["workdir"] = str(run.cluster.workdir)  # logs, spools, etcd: kept as evidence
         meta["peer_links_proxied"] = run.advertise
         if cfg.consumers:
             group = _group(cfg)

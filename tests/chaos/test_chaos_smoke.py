@@ -24,7 +24,8 @@ pytestmark = [
 def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "chaos.main", "--duration", "60", "--seed", "1", "--json", str(out)],
+        [sys.executable, "-m", "chaos.main", "--duration", "60", "--seed", "1", "--json", str(out),
+         "--workdir", str(tmp_path / "cluster")],  # pytest's tmp_path, not a kept /tmp dir
         capture_output=True, text=True, timeout=540, cwd=tmp_path)
     assert out.exists(), f"no summary written (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     summary = json.loads(out.read_text())
@@ -33,6 +34,7 @@ def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
     assert all(v == 0 for v in safety.values()), (safety, summary["examples"])
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert summary["appends"]["acknowledged"] > 0
+    assert summary["run"]["workdir"] == str(tmp_path / "cluster")
     assert sum(summary["faults"].values()) > 0
     # Identified (exactly-once) writers by default, and duplicates counted explicitly.
     assert summary["run"]["identified_writers"] is True
