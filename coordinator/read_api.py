@@ -38,6 +38,7 @@ from protocol.stream import FrameStream
 
 from . import metrics
 from .read_relay import METADATA_SENT, READ_CHUNK, connect_member, fill_gap, proxy_read, stream_stored
+from .replica import lineage_agrees_until
 
 log = get_logger(__name__)
 
@@ -125,7 +126,8 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                 asked_peers_at = offset
                 gap_end = min(e for e in (jump, replica.write_head, req.end_offset or None)
                               if e is not None)
-                reached = await fill_gap(broker, conn, req, res, offset, gap_end)
+                reached = await fill_gap(broker, conn, req, res, offset, gap_end,
+                                         lineage=replica.spool.epochs)
                 if reached is None:
                     return False  # the reader went away while we relayed
                 if reached == METADATA_SENT:
@@ -156,6 +158,18 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                 return False  # EOF, or a byte we consumed: the connection cannot go on
             continue
         frag, local = found
+        stop = min(frag.end, req.end_offset) if req.end_offset else frag.end
+        if req.lineage:
+            # A former member asked for a gap: only bytes of the asker's lineage, and
+            # only what is on our disk (the asker's own index covers the store).
+            persisted = frag.is_persisted and local is None and frag != replica.spool.fragment
+            stop = offset if persisted else min(stop, lineage_agrees_until(
+                req.lineage, replica.spool.epochs, offset, stop))
+            if stop <= offset:
+                await conn.send(ReadResponse(status=Status.OFFSET_NOT_YET_AVAILABLE,
+                                             header=res.header if first else None,
+                                             offset=offset, write_head=replica.write_head))
+                return True
         if frag.is_persisted and local is None and frag != replica.spool.fragment:
             ok = await _persisted(conn, req, res, replica, frag, offset, first)
             if not ok:
@@ -168,7 +182,6 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
         first = False
         if req.metadata_only:
             return True
-        stop = min(frag.end, req.end_offset) if req.end_offset else frag.end
         while offset < stop:
             data = replica.read_local(frag, local, offset, min(READ_CHUNK, stop - offset))
             if not data:

@@ -62,6 +62,7 @@ async def connect_member(endpoints, peer: dict) -> FrameStream | None:  # noqa: 
 
 async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, header,  # noqa: ANN001
                  offset: int, *, end_offset: int, held_only: bool = False,
+                 lineage: tuple[tuple[int, int], ...] = (),
                  relay_refusal: bool = True) -> tuple[int, Status | None]:
     """Read [offset, end_offset) (0: no end) at `upstream` with `do_not_proxy`, relaying
     its frames to `conn`; returns the offset reached and how the upstream's RPC ended.
@@ -76,7 +77,7 @@ async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, head
             journal=req.journal, header=header, offset=offset,
             block=req.block and not held_only, do_not_proxy=True,
             metadata_only=req.metadata_only, end_offset=end_offset,
-            begin_mod_time=req.begin_mod_time, held_only=held_only))
+            begin_mod_time=req.begin_mod_time, held_only=held_only, lineage=lineage))
         while True:
             try:
                 frame = await upstream.read()
@@ -127,7 +128,9 @@ def gap_holders(broker, route, me) -> list[str]:  # noqa: ANN001
     live member — a former member (the primary the route just dropped) keeps the
     content only it had (an exposed tail the sync rolled the others past) until its
     fragments are persisted, and until then no one else can serve it (campaign seed 3:
-    a consumer's read skipped one such append and its counts came out short)."""
+    a consumer's read skipped one such append and its counts came out short). A former
+    member is asked with our epoch history (`lineage`): it may also hold a tail a later
+    epoch cut and rewrote, which it must not serve as ours."""
     peers = [e for _, e in route.peers(me)]
     members = getattr(getattr(broker, "keyspace", None), "members", None) or {}
     others = sorted(m.spec.endpoint for pid, m in members.items()
@@ -136,11 +139,12 @@ def gap_holders(broker, route, me) -> list[str]:  # noqa: ANN001
 
 
 async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int,  # noqa: ANN001
-                    gap_end: int) -> int | None:
+                    gap_end: int, lineage: tuple[tuple[int, int], ...] = ()) -> int | None:
     """Relay [offset, gap_end) from the members that hold it (`gap_holders`), each asked
     `held_only` from where the last one stopped (one that fails mid-relay too); returns
     the offset reached (== offset: no one holds it), None if our reader's connection
-    failed, or METADATA_SENT when a metadata-only read was answered by a peer."""
+    failed, or METADATA_SENT when a metadata-only read was answered by a peer.
+    `lineage`: our epoch history, sent to former members (see gap_holders)."""
     me = getattr(broker, "me", None)
     peer_auth = getattr(broker, "peer_auth", None)
     auth = peer_auth(Capability.READ, req.journal) if peer_auth else {}
@@ -151,8 +155,10 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
         if upstream is None:
             continue
         try:
+            former = endpoint not in res.route.endpoints
             reached, ended = await relay(conn, upstream, req, res.header, offset,
                                           end_offset=gap_end, held_only=True,
+                                          lineage=lineage if former else (),
                                           relay_refusal=False)
         except (ConnectionError, OSError):
             return None
@@ -162,7 +168,6 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
             return METADATA_SENT
         if reached > offset:
             log.info("read gap filled from a peer", journal=req.journal, begin=offset,
-                     end=reached, peer=endpoint,
-                     member=endpoint in res.route.endpoints)
+                     end=reached, peer=endpoint, former_member=former)
             offset = reached
     return offset

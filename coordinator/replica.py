@@ -57,6 +57,30 @@ async def acquire_within(lock: asyncio.Lock, timeout: float) -> bool:
         return False
 
 
+def lineage_agrees_until(mine: tuple[tuple[int, int], ...], theirs: tuple[tuple[int, int], ...],
+                         offset: int, end: int) -> int:
+    """The first offset in [offset, end) where two epoch histories ((epoch, begin) pairs,
+    begins ascending) put different epochs — or either has none (an offset older than
+    its oldest entry) — or `end` if they agree throughout. Content committed at one
+    offset under one epoch is the same content wherever it is held (one route revision,
+    one primary); a member's tail that a later epoch cut and rewrote is not."""
+
+    def epoch_at(history: tuple[tuple[int, int], ...], at: int) -> int | None:
+        found = None
+        for epoch, begin in history:
+            if begin > at:
+                break
+            found = epoch
+        return found
+
+    points = sorted({offset, *(b for _, b in (*mine, *theirs) if offset < b < end)})
+    for at in points:
+        here = epoch_at(mine, at)
+        if here is None or here != epoch_at(theirs, at):
+            return at
+    return end
+
+
 @dataclass(slots=True)
 class LocalFragment:
     fragment: Fragment

@@ -136,6 +136,10 @@ class ReadRequest(Message, frozen=True):
     """A member filling a gap of its own asks its peers with this (and `do_not_proxy`):
     serve only what you hold (spool, local fragments, store); at the first offset you do
     not hold, answer OFFSET_NOT_YET_AVAILABLE instead of skipping ahead or asking on."""
+    lineage: tuple[tuple[int, int], ...] = ()
+    """With held_only, asked of a former member: the asker's epoch history ((epoch,
+    begin) pairs). Serve only what you hold on local disk whose epoch here is the asker's
+    at the same offset: bytes of one lineage, never a tail a later epoch replaced."""
 
 
 class ReadResponse(Message, frozen=True):

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 
 from coordinator import read_api
 from coordinator.read_relay import gap_holders
-from coordinator.replica import Replica
+from coordinator.replica import Replica, lineage_agrees_until
 from coordinator.spool import MemoryFiles
 from protocol import ProcessId, ReadContent, ReadRequest, ReadResponse, Route, Status
 from protocol.stream import FrameStream
@@ -50,10 +50,10 @@ def test_gap_holders_asks_the_route_first_then_every_other_live_member() -> None
     assert gap_holders(types.SimpleNamespace(me=me), route, me) == ["ep-a", "ep-b"]
 
 
-def _commit(replica: Replica, data: bytes) -> None:
+def _commit(replica: Replica, data: bytes, epoch: int = 7) -> None:
     spool = replica.spool
     spool.apply_content(spool.delta, data)
-    spool.apply_proposal(spool.commit_proposal(), primary=True)
+    spool.apply_proposal(spool.commit_proposal(), primary=True, epoch=epoch)
     replica.publish(spool.end)
 
 
@@ -111,17 +111,37 @@ async def _read(client: FrameStream, end: int) -> tuple[bytes, list[ReadResponse
     return data, metas
 
 
+def test_lineage_agrees_until_the_first_offset_of_another_epoch() -> None:
+    mine = ((3, 0), (7, 100), (9, 250))
+    assert lineage_agrees_until(mine, ((3, 0), (7, 100)), 120, 240) == 240
+    assert lineage_agrees_until(mine, ((3, 0), (7, 100)), 120, 300) == 250  # 9 vs 7
+    assert lineage_agrees_until(mine, ((3, 0), (5, 180)), 120, 300) == 120  # 7 vs 3
+    assert lineage_agrees_until(mine, ((7, 100), (8, 200)), 150, 300) == 200
+    # An offset older than either history says nothing: no agreement.
+    assert lineage_agrees_until(mine, ((7, 100),), 50, 300) == 50
+    assert lineage_agrees_until((), mine, 120, 300) == 120
+
+
 async def test_a_former_member_serves_a_held_only_read_from_what_it_still_holds() -> None:
     replica = Replica(J, MemoryFiles())
     content = b"only the former primary holds this tail\n"
-    _commit(replica, content)
+    _commit(replica, content, epoch=7)
+    assert replica.spool.epochs == ((7, 0),)
     broker = _broker(replica, is_member=False)
     req = ReadRequest(journal=J, offset=0, end_offset=len(content), do_not_proxy=True,
-                      held_only=True)
+                      held_only=True, lineage=((7, 0),))
     async with _served(lambda conn: read_api.serve_read(broker, conn, req)) as client:
         data, metas = await _read(client, len(content))
     assert [m.status for m in metas] == [Status.OK]
     assert data == content
+    # A tail of another lineage (the asker's history has epoch 9 from offset 10: a later
+    # epoch cut ours there and wrote other bytes) is served only up to where they part.
+    req = ReadRequest(journal=J, offset=0, end_offset=len(content), do_not_proxy=True,
+                      held_only=True, lineage=((7, 0), (9, 10)))
+    async with _served(lambda conn: read_api.serve_read(broker, conn, req)) as client:
+        data, metas = await _read(client, len(content))
+    assert data == content[:10]
+    assert metas[-1].status == Status.OFFSET_NOT_YET_AVAILABLE and metas[-1].offset == 10
     # Any other read at a non-member still says so (the reader goes to the route).
     plain = ReadRequest(journal=J, offset=0, do_not_proxy=True)
     async with _served(lambda conn: read_api.serve_read(broker, conn, plain)) as client:
