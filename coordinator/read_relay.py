@@ -151,11 +151,13 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
     for endpoint in gap_holders(broker, res.route, me):
         if offset >= gap_end:
             break
+        former = endpoint not in res.route.endpoints
+        if former and not lineage:
+            continue  # without our epoch history a former member's bytes cannot be checked
         upstream = await connect_member([endpoint], auth)
         if upstream is None:
             continue
         try:
-            former = endpoint not in res.route.endpoints
             reached, ended = await relay(conn, upstream, req, res.header, offset,
                                           end_offset=gap_end, held_only=True,
                                           lineage=lineage if former else (),
