@@ -22,7 +22,17 @@ from typing import TypeVar
 from .errors import ProtocolError
 from .messages import ErrorFrame, Message
 from .status import Status
-from .wire import PREFIX, PREFIX_SIZE, Frame, check_fields, check_prefix, decode_header, encode_frame
+from .wire import (
+    MAX_CHUNK,
+    MAX_FRAME,
+    PREFIX,
+    PREFIX_SIZE,
+    Frame,
+    check_fields,
+    check_prefix,
+    decode_header,
+    encode_frame,
+)
 
 M = TypeVar("M", bound=Message)
 
@@ -100,10 +110,96 @@ class FrameStream:
             resume()
         return Frame(message, payload)
 
+    def take_run(self, body: tuple[int, bytes], end: tuple[int, bytes]) -> list[bytes] | None:
+        """The payloads of a run of one or more `body` frames, each with a non-empty
+        payload, closed by one `end` frame without one (each frame given as (kind, exact
+        header bytes)), if the whole run is already in the reader's buffer: the run is
+        consumed. None, with nothing
+        consumed, if it is not all here or any frame differs — the caller then reads
+        frame by frame (read_buffered / read), which checks and decodes everything.
+
+        A client's small append (chunk + commit) usually arrives whole: this takes it
+        in one pass over the buffer, without decoding a header per frame.
+        """
+        reader = self.reader
+        buf = getattr(reader, "_buffer", None)
+        if not buf or reader.exception() is not None:
+            return None
+        body_kind, body_header = body
+        end_kind, end_header = end
+        n, pos = len(buf), 0
+        spans: list[tuple[int, int]] = []
+        unpack = PREFIX.unpack_from
+        while pos + PREFIX_SIZE <= n:
+            length, kind, hlen = unpack(buf, pos)
+            stop = pos + 4 + length
+            head = pos + PREFIX_SIZE
+            if stop > n or length > MAX_FRAME or hlen > length - 5:
+                return None
+            if kind == end_kind:
+                if not spans or length != 5 + hlen or buf[head:stop] != end_header:
+                    return None
+                with memoryview(buf) as view:  # copies out: no export outlives this block
+                    payloads = [bytes(view[a:b]) for a, b in spans]
+                del buf[:stop]
+                resume = getattr(reader, "_maybe_resume_transport", None)
+                if resume is not None:
+                    resume()
+                return payloads
+            if kind != body_kind or not 0 < length - 5 - hlen <= MAX_CHUNK \
+                    or buf[head:head + hlen] != body_header:
+                return None
+            spans.append((head + hlen, stop))
+            pos = stop
+        return None
+
+    def take_copies(self, frame: bytes) -> int:
+        """How many copies of the encoded `frame` lead the buffer; they are consumed.
+        A replica's acknowledgements are one constant frame, so a burst of them is
+        counted with a few slice compares instead of being decoded one by one."""
+        reader = self.reader
+        buf = getattr(reader, "_buffer", None)
+        size = len(frame)
+        fits = len(buf) // size if buf else 0
+        if not fits or buf[:size] != frame:
+            return 0
+        if buf[:fits * size] != frame * fits:
+            k = 1
+            while k < fits and buf[k * size:(k + 1) * size] == frame:
+                k += 1
+            fits = k
+        del buf[:fits * size]
+        resume = getattr(reader, "_maybe_resume_transport", None)
+        if resume is not None:
+            resume()
+        return fits
+
     async def read(self) -> Frame:
         frame = self.read_buffered()
         if frame is not None:
             return frame
+        reader = self.reader
+        wait = getattr(reader, "_wait_for_data", None)
+        if wait is not None:
+            # One wake-up per frame: wait for more bytes until the whole frame is
+            # buffered, then take it as read_buffered does (its prefix is checked as
+            # soon as it is here). The StreamReader's own readexactly() would wait and
+            # copy twice, for the prefix and for the rest.
+            while True:
+                exc = reader.exception()
+                if isinstance(exc, ConnectionError):
+                    raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
+                if exc is not None:
+                    raise exc  # as readexactly() would (an ssl.SSLError, say)
+                if reader._eof:  # noqa: SLF001 - a partial frame at EOF
+                    raise ConnectionClosed("connection closed by peer")
+                try:
+                    await wait("read")
+                except ConnectionError as exc:  # the waiter carries the transport's error
+                    raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
+                frame = self.read_buffered()
+                if frame is not None:
+                    return frame
         try:
             prefix = await self.reader.readexactly(PREFIX_SIZE)
             kind, hlen, plen = check_prefix(prefix)
@@ -168,6 +264,11 @@ class FrameStream:
         self.write(message, payload)
         self.flush()
         await self.drain()
+
+    def writable(self) -> bool:
+        """drain() would return at once: the transport is open and below high water."""
+        t = self._transport
+        return t is not None and not t.is_closing() and t.get_write_buffer_size() <= self._high
 
     async def drain(self) -> None:
         """Wait while the transport is over its high-water mark; raise if it is lost."""
