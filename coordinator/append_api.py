@@ -17,6 +17,7 @@ from protocol import (
     AppendCommit,
     AppendRequest,
     AppendResponse,
+    Fragment,
     Hello,
     HelloAck,
     Status,
@@ -28,6 +29,7 @@ from protocol.wire import encode_frame
 
 from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
+from .append_lane import finish, try_lane
 from .append_rules import decide_broken
 from .flow_control import MinRatePolicer
 
@@ -145,8 +147,14 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
     global _in_flight
     started = time.monotonic()
     _in_flight += 1
-    source = ClientSource(conn, min_rate)
     try:
+        lane = try_lane(broker, conn, req)
+        if lane is not None:  # taken whole, the commit read: the connection is in step
+            resp = await finish(lane)
+            _answer(conn, req.journal, resp, started, resp.commit, "whole-append lane")
+            await conn.drain()
+            return True
+        source = ClientSource(conn, min_rate)
         fsm = AppendFSM(broker, req, source)
         state = await fsm.run_to()  # (= run(): one coroutine frame less to resume through)
         if state is State.PROXY:
@@ -160,20 +168,27 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
             registers=fsm.registers,
             total_chunks=fsm.total_chunks, delayed_chunks=fsm.delayed_chunks,
             message="" if ok else fsm.message)
-        if ok:
-            commit = fsm.commit
-            metrics.HOT.appended(commit.end - commit.begin if commit is not None
-                                 and fsm.original is None else 0, time.monotonic() - started)
-        else:
-            _appends_counter(resp.status.name).inc()
-        if not ok and fsm.status != Status.ABORTED:
-            log.info("append failed", journal=req.journal, status=fsm.status.name,
-                     message=fsm.message, trace=[s.name for s in fsm.trace])
-        conn.send_encoded(encode_frame(resp))  # now, one writelines: nothing to coalesce with
+        _answer(conn, req.journal, resp, started, fsm.commit if fsm.original is None else None,
+                [s.name for s in fsm.trace])
         await conn.drain()
         return source.done
     finally:
         _in_flight -= 1
+
+
+def _answer(conn: FrameStream, journal: str, resp: AppendResponse, started: float,
+            wrote: Fragment | None, trace: object) -> None:
+    """Count the append, log a failure, and send the answer now (one writelines: there
+    is nothing to coalesce it with). `wrote`: the span this append wrote, if it did."""
+    if resp.status == Status.OK:
+        metrics.HOT.appended(wrote.end - wrote.begin if wrote is not None else 0,
+                             time.monotonic() - started)
+    else:
+        _appends_counter(resp.status.name).inc()
+        if resp.status != Status.ABORTED:
+            log.info("append failed", journal=journal,
+                     status=resp.status.name, message=resp.message, trace=trace)
+    conn.send_encoded(encode_frame(resp))
 
 
 def _peer_auth(broker: object, journal: str) -> dict:

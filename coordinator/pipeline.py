@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from itertools import repeat
 
 import msgspec
 from collections.abc import Callable, Sequence
@@ -40,11 +41,15 @@ from protocol.wire import encode_frame
 
 from . import metrics
 from .replica import Replica
+from .spool import OK as ACK_OK
 
 log = get_logger(__name__)
 
 CONNECT_TIMEOUT = 5.0
 ACK_TIMEOUT = 30.0
+
+ACK_OK_FRAME = b"".join(encode_frame(ACK_OK))
+"""A replica's plain acknowledgement, encoded: always these bytes (replicate_api.py)."""
 
 
 class PipelineBroken(QuireError):
@@ -142,6 +147,10 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - any write error breaks the pipeline
             raise self._fail(exc) from exc
 
+    def writable(self) -> bool:
+        """No peer stream is over its high-water mark (drain() would not wait)."""
+        return all(s.writable() for s in self._streams)
+
     async def drain(self) -> None:
         """Cheap unless a peer's transport is over its high-water mark (or lost)."""
         try:
@@ -183,7 +192,13 @@ class Pipeline:
         try:
             while tickets:
                 for s, q in zip(streams, queues):
-                    while (frame := s.read_buffered()) is not None:
+                    while True:
+                        oks = s.take_copies(ACK_OK_FRAME)  # plain acks: counted, not decoded
+                        if oks:
+                            q.extend(repeat(ACK_OK, oks))
+                        frame = s.read_buffered()
+                        if frame is None:
+                            break
                         q.append(expect(frame, ReplicateResponse)[0])
                 ready = min(map(len, queues))
                 fence = self.fence

@@ -91,7 +91,7 @@ class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
                  "_pulse_pending", "resolution", "limiter", "stream",
-                 "synced_end", "exposed_end")
+                 "synced_end", "exposed_end", "lane")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -113,6 +113,9 @@ class Replica:
         self._pulse_pending = False
         self.resolution = None
         """The append FSM's last primary resolution (reused while the keyspace is still)."""
+        self.lane: tuple[object, object] | None = None
+        """(resolution, pipeline) the whole-append lane last found its route checks true
+        for (append_lane.py): they hold while both are the same objects."""
         self.limiter: RateLimiter | None = None
         """The journal's max_append_rate bucket (only while the spec sets one)."""
         self.synced_end = 0

@@ -23,12 +23,14 @@ from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
 from .fence import StreamFence
+from .pipeline import ACK_OK, ACK_OK_FRAME
 from .replica import Replica, acquire_within
 from .spool import SpoolError
 
 log = get_logger(__name__)
 
 SPOOL_TIMEOUT = 30.0
+_ACK_OK_BUFS = [ACK_OK_FRAME]
 
 
 def take_spool(replica: Replica) -> None:
@@ -105,7 +107,10 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                                                  epoch_begin=resp.epoch_begin,
                                                  epochs=resp.epochs)
                         header_sent = True
-                    conn.write(resp)
+                    if resp is ACK_OK:
+                        conn.write_encoded(_ACK_OK_BUFS)  # the constant frame, not re-encoded
+                    else:
+                        conn.write(resp)
                     await conn.drain()
             else:
                 await conn.send_error(f"unexpected {type(msg).__name__} in a replicate stream")

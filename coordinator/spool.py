@@ -96,7 +96,8 @@ class NullObserver:
 # -- the spool --------------------------------------------------------------------------
 
 _EMPTY_SHA1 = hashlib.sha1()
-_OK = ReplicateResponse(status=Status.OK)
+OK = ReplicateResponse(status=Status.OK)
+"""The answer to an adopted proposal (one shared instance: callers test `is OK`)."""
 MAX_EPOCHS = 64
 """Epoch history kept (one entry per route revision that committed here). A tail older
 than its oldest entry is cut at that entry's begin: more than needed, never less."""
@@ -263,7 +264,7 @@ class Spool:
             self._rollback()
             if msg.mark is not None:
                 self.producers.apply(msg.mark)  # a barrier that closes a history
-            return _OK
+            return OK
 
         if self.delta != 0 and prop == self.next():
             self._commit(prop, msg.registers, primary)
@@ -272,7 +273,7 @@ class Spool:
                 self._set_epochs((*older[-(MAX_EPOCHS - 1):], (epoch, end)))
             if msg.mark is not None:
                 self.producers.apply(msg.mark)
-            return _OK
+            return OK
         return self._mismatch()
 
     def rollback(self) -> None:
