@@ -49,7 +49,7 @@ from protocol import (
 )
 from protocol.credentials import TokenFile, TokenSource
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
-from protocol.wire import encode_frame
+from protocol.wire import MAX_CHUNK, encode_frame
 
 from .body import AppendData, Body
 from .producer import TxnId
@@ -62,6 +62,8 @@ from .routes import RouteCache
 
 _CHUNK = AppendChunk()
 _COMMIT = encode_frame(AppendCommit())
+_WHOLE = Body(b"")
+"""Stands for the Body of a whole append (its bytes are re-sent as they are)."""
 """An AppendCommit frame is always the same bytes."""
 
 class _Ambiguous(Exception):
@@ -169,7 +171,10 @@ class Client(MetadataCalls):
         # Safe to re-send after an unknown outcome: an explicit offset cannot land
         # twice, nor can an identified transaction (the primary deduplicates it).
         resendable = offset != 0 or txn is not None
-        body = Body(data)
+        # Bytes of at most one chunk (the common case) go whole, in one send; anything
+        # else is streamed from a Body.
+        whole = data if type(data) is bytes and 0 < len(data) <= MAX_CHUNK else None
+        body = Body(data) if whole is None else _WHOLE
         deadline = time.monotonic() + (self.retry_timeout if retry_timeout is None else retry_timeout)
         attempt = 0
         # Why an earlier attempt's outcome is unknown (its commit was sent). Once set, no
@@ -178,7 +183,11 @@ class Client(MetadataCalls):
         while True:
             endpoint = self.routes.for_append(journal)
             try:
-                response = await self._append_once(endpoint, request, body, encoded)
+                if whole is not None:
+                    response = await self._append_whole(endpoint, encoded or encode_frame(request),
+                                                        whole)
+                else:
+                    response = await self._append_once(endpoint, request, body, encoded)
             except _Ambiguous as exc:
                 self.routes.mark_down(endpoint)
                 unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
@@ -226,10 +235,10 @@ class Client(MetadataCalls):
     async def _append_once(self, endpoint: str, request: AppendRequest, body: Body,
                            encoded: list[bytes | memoryview] | None = None) -> AppendResponse:
         """`encoded`: the request's frame, if already made."""
-        conn = await self.pool.acquire(endpoint)
         whole = body.whole()
         if whole is not None:
-            return await self._append_whole(conn, endpoint, encoded or encode_frame(request), whole)
+            return await self._append_whole(endpoint, encoded or encode_frame(request), whole)
+        conn = await self.pool.acquire(endpoint)
         # The broker may answer before the commit (e.g. JOURNAL_NOT_FOUND) and stop
         # reading our chunks; listening while sending keeps a big append from blocking
         # on a full socket buffer that will never drain.
@@ -265,22 +274,22 @@ class Client(MetadataCalls):
         finally:
             self.pool.release(conn)
 
-    async def _append_whole(self, conn: Connection, endpoint: str,
-                            request: list[bytes | memoryview], data: memoryview) -> AppendResponse:
+    async def _append_whole(self, endpoint: str, request: list[bytes | memoryview],
+                            data: bytes | memoryview) -> AppendResponse:
         """An append whose content is at most one chunk of bytes: request, chunk and
-        commit leave in one send, and the answer is read inline — no task, no drain.
-        Nothing here waits on the socket's send buffer (the transport holds at most this
-        one chunk), so a broker that answers early, before reading our stream, cannot
-        block us: its answer is read as any other. The commit is queued with the rest,
-        so a failure after that is ambiguous (as after a commit in `_append_once`)."""
-        try:
-            frames = request + encode_frame(_CHUNK, data) + _COMMIT if data else request + _COMMIT
-        except BaseException:
-            self.pool.release(conn)  # nothing was sent: the connection is still in step
-            raise
+        commit leave in one send, and the answer is read inline — no task, no drain, no
+        timer (the pool's watchdog bounds the wait by rpc_timeout). Nothing here waits
+        on the socket's send buffer (the transport holds at most this one chunk), so a
+        broker that answers early, before reading our stream, cannot block us: its
+        answer is read as any other. The commit is queued with the rest, so a failure
+        after that is ambiguous (as after a commit in `_append_once`)."""
+        pool = self.pool
+        frames = request + encode_frame(_CHUNK, data) + _COMMIT if data else request + _COMMIT
+        conn = pool.take(endpoint) or await pool.acquire(endpoint)
         try:
             conn.send_encoded(frames)
-            frame = await conn.read(self.rpc_timeout)
+            pool.watch(conn, self.rpc_timeout)
+            frame = await conn.answer()
             if not isinstance(frame.message, AppendResponse):
                 raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
             if frame.message.status != Status.OK:
@@ -295,7 +304,8 @@ class Client(MetadataCalls):
             conn.abort()
             raise
         finally:
-            self.pool.release(conn)
+            pool.unwatch(conn)
+            pool.release(conn)
 
     @staticmethod
     async def _drain_or_answer(conn: Connection, answer: asyncio.Future[Any]) -> bool:

@@ -21,6 +21,9 @@ from protocol.status import Status
 from protocol.stream import ConnectionClosed, FrameStream
 from protocol.wire import Frame
 
+WATCH_PERIOD = 1.0
+"""Seconds between the watchdog's checks of overdue RPCs (ConnectionPool.watch)."""
+
 
 class Connection:
     """One FrameStream after a successful hello."""
@@ -32,6 +35,10 @@ class Connection:
         self.expires: float | None = None
         """When the token it was opened with expires: it is not reused past that (the
         coordinator would refuse it), so the pool opens one with the current token."""
+        self.deadline = 0.0
+        """While watched (ConnectionPool.watch): when its RPC's answer is overdue."""
+        self.timed_out = 0.0
+        """The RPC timeout that closed it (the watchdog's doing), else 0."""
 
     @classmethod
     async def open(cls, endpoint: str, timeout: float, token: TokenSource = "",
@@ -122,6 +129,25 @@ class Connection:
             raise for_status(frame.message.status)(f"{self.endpoint}: {frame.message.message}")
         return frame
 
+    async def answer(self) -> Frame:
+        """The next frame of a watched RPC (ConnectionPool.watch bounds it, no timer):
+        as read(), and Unavailable if the watchdog closed the connection."""
+        try:
+            frame = await self.stream.read()
+        except ConnectionClosed as exc:
+            self.broken = True
+            if self.timed_out:
+                raise Unavailable(f"{self.endpoint} did not answer within "
+                                  f"{self.timed_out:g}s") from exc
+            raise Unavailable(f"connection to {self.endpoint} closed: {exc}") from exc
+        except ProtocolError:
+            self.broken = True
+            raise
+        if isinstance(frame.message, ErrorFrame):
+            self.broken = True
+            raise for_status(frame.message.status)(f"{self.endpoint}: {frame.message.message}")
+        return frame
+
     def abort(self) -> None:
         self.broken = True
         self.stream.abort()
@@ -142,8 +168,12 @@ class ConnectionPool:
         self.max_idle = max_idle
         self._idle: dict[str, list[Connection]] = {}
         self._closed = False
+        self._watched: dict[Connection, float] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self._period = WATCH_PERIOD
 
-    async def acquire(self, endpoint: str) -> Connection:
+    def take(self, endpoint: str) -> Connection | None:
+        """An idle connection to `endpoint`, if one is pooled (no coroutine)."""
         if self._closed:
             raise Unavailable("client is closed")
         idle = self._idle.get(endpoint)
@@ -152,7 +182,42 @@ class ConnectionPool:
             if not conn.stale:
                 return conn
             conn.abort()
+        return None
+
+    async def acquire(self, endpoint: str) -> Connection:
+        conn = self.take(endpoint)
+        if conn is not None:
+            return conn
         return await Connection.open(endpoint, self.connect_timeout, self.token, self.ssl)
+
+    # -- RPC deadlines without a timer per RPC ---------------------------------------
+
+    def watch(self, conn: Connection, timeout: float) -> None:
+        """Bound the RPC `conn` is about to wait on by `timeout`: one watchdog task per
+        pool, waking every WATCH_PERIOD (or a quarter of the shortest timeout) while
+        any RPC is watched, closes a connection whose answer is overdue — its read then
+        raises Unavailable (Connection.answer). No timer handle per RPC: a timeout
+        fires between `timeout` and `timeout` + the period."""
+        self._watched[conn] = timeout
+        conn.deadline = time.monotonic() + timeout
+        if timeout / 4 < self._period:
+            self._period = max(0.01, timeout / 4)
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    def unwatch(self, conn: Connection) -> None:
+        self._watched.pop(conn, None)
+
+    async def _watch(self) -> None:
+        try:
+            while self._watched:
+                await asyncio.sleep(self._period)
+                now = time.monotonic()
+                for conn in [c for c in self._watched if c.deadline <= now]:
+                    conn.timed_out = self._watched.pop(conn)
+                    conn.abort()
+        finally:
+            self._watchdog = None
 
     def release(self, conn: Connection) -> None:
         if conn.broken or self._closed:
@@ -184,6 +249,8 @@ class ConnectionPool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
