@@ -60,6 +60,8 @@ class FakeBroker:
         self.drop_after_commit = 0
         """Drop the connection of this many appends after reading their commit, without
         answering (a broker killed after replicating the commit, or a lost answer)."""
+        self.silent_next = 0
+        """Read this many appends whole and never answer them (a hung broker)."""
         self.commit_unknown_next = 0
         """Answer this many appends with COMMIT_UNKNOWN (replication broke after the commit)."""
         self.lost_outcomes_land = True
@@ -198,6 +200,9 @@ class FakeBroker:
             await stream.send(AppendResponse(status=Status.WRONG_APPEND_OFFSET,
                                              message=f"write head is {len(content)}"))
             return
+        if self.silent_next:
+            self.silent_next -= 1
+            await asyncio.Event().wait()  # until the client gives up and closes
         if self.drop_after_commit or self.commit_unknown_next:
             if self.lost_outcomes_land:
                 content += body

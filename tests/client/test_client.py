@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import time
 
 import pytest
 
@@ -124,6 +125,22 @@ async def test_lost_outcome_after_the_commit_raises_commit_unknown_and_never_res
             # The client is still usable, and the record was not duplicated by it.
             await client.append("unknown/journal", b"next\n")
             assert broker.content["unknown/journal"] == b"record\nnext\n"
+
+
+async def test_an_unanswered_append_times_out_by_the_rpc_timeout() -> None:
+    """The pool's watchdog (not a timer per append) ends a wait for an answer that never
+    comes: after rpc_timeout, within its period, as an outcome unknown (the commit was
+    sent); the connection is closed, the client goes on."""
+    async with running() as broker:
+        broker.create("hung/journal")
+        broker.silent_next = 1
+        async with Client([broker.endpoint], rpc_timeout=0.4, retry_timeout=10) as client:
+            started = time.monotonic()
+            with pytest.raises(errors.CommitUnknown, match="did not answer within 0.4s"):
+                await client.append("hung/journal", b"record\n")
+            assert 0.4 <= time.monotonic() - started < 2.0
+            assert (await client.append("hung/journal", b"next\n")).end > 0
+            assert not client.pool._watched  # noqa: SLF001 - nothing left watched
 
 
 async def test_lost_outcome_with_explicit_offset_is_retried_at_that_offset() -> None:
