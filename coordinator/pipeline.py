@@ -37,7 +37,7 @@ from protocol import (
 )
 from protocol.errors import ProtocolError, QuireError
 from protocol.stream import FrameStream
-from protocol.wire import encode_frame
+from protocol.wire import FrameTemplate, encode_frame
 
 from . import metrics
 from .replica import Replica
@@ -50,6 +50,8 @@ ACK_TIMEOUT = 30.0
 
 ACK_OK_FRAME = b"".join(encode_frame(ACK_OK))
 """A replica's plain acknowledgement, encoded: always these bytes (replicate_api.py)."""
+_CONTENT_AT_0 = FrameTemplate(ReplicateContent(content_delta=0))
+"""An append's first (usually only) chunk."""
 
 
 class PipelineBroken(QuireError):
@@ -137,7 +139,8 @@ class Pipeline:
         self._check()
         delta = self.spool.delta
         self.spool.apply_content(delta, data)
-        self._send(encode_frame(ReplicateContent(content_delta=delta), data))
+        self._send(_CONTENT_AT_0.encode(data) if delta == 0
+                   else encode_frame(ReplicateContent(content_delta=delta), data))
 
     def _send(self, bufs: list[bytes | memoryview]) -> None:
         """Queue one frame (encoded once) on every peer stream; they flush per loop turn."""

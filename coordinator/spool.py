@@ -107,7 +107,7 @@ than its oldest entry is cut at that entry's begin: more than needed, never less
 class Spool:
     __slots__ = ("journal", "fragment", "registers", "first_append_time", "delta",
                  "_hasher", "_saved", "_file", "_files", "_observer", "_clock", "producers",
-                 "epoch", "epoch_begin", "epochs")
+                 "epoch", "epoch_begin", "epochs", "_next")
 
     def __init__(self, journal: str, *, files: FileFactory | None = None,
                  observer: SpoolObserver | None = None, begin: int = 0,
@@ -132,6 +132,9 @@ class Spool:
         # commit, _hasher the running state through end + delta.
         self._hasher = _EMPTY_SHA1.copy()
         self._saved = _EMPTY_SHA1.copy()
+        self._next: tuple[Fragment, int, Fragment] | None = None
+        """(fragment, delta, next()) of the last next(): a commit's proposal and its
+        check against the spool compute the running SHA-1's digest once, not twice."""
         self._file: SpoolFile | None = None
         self._files: FileFactory = files or MemoryFiles()
         self._observer: SpoolObserver = observer or NullObserver()
@@ -157,11 +160,16 @@ class Spool:
 
     def next(self) -> Fragment:
         """The fragment a commit of the current delta must propose."""
-        if self.delta == 0:
-            return self.fragment
-        return Fragment(journal=self.journal, begin=self.fragment.begin,
-                        end=self.fragment.end + self.delta, sum=self._hasher.hexdigest(),
-                        codec=self.fragment.codec)
+        delta, frag = self.delta, self.fragment
+        if delta == 0:
+            return frag
+        cached = self._next
+        if cached is not None and cached[0] is frag and cached[1] == delta:
+            return cached[2]
+        out = Fragment(journal=self.journal, begin=frag.begin, end=frag.end + delta,
+                       sum=self._hasher.hexdigest(), codec=frag.codec)
+        self._next = (frag, delta, out)
+        return out
 
     def read_committed(self, offset: int, size: int) -> bytes:
         """Committed bytes from journal `offset` (never the uncommitted delta)."""
@@ -239,6 +247,7 @@ class Spool:
         self._file.write_at(self.content_length + self.delta, data)
         self._hasher.update(data)
         self.delta += len(data)
+        self._next = None  # (a rollback then as much new content has the same delta)
 
     def apply_proposal(self, msg: ReplicateProposal, *, primary: bool = False,
                        epoch: int = 0) -> ReplicateResponse:

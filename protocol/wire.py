@@ -52,6 +52,26 @@ def encode_frame(message: Message, payload: bytes | memoryview = b"") -> list[by
     return [prefix + header, payload] if plen else [prefix + header]
 
 
+class FrameTemplate:
+    """Frames of one constant message (say, `AppendChunk()`) with any payload: its
+    header is encoded once, and each frame costs one prefix pack."""
+
+    __slots__ = ("kind", "header", "_hlen")
+
+    def __init__(self, message: Message) -> None:
+        self.kind = message.KIND
+        self.header = _ENCODER.encode(message)
+        self._hlen = len(self.header)
+
+    def encode(self, payload: bytes | memoryview) -> list[bytes | memoryview]:
+        """As encode_frame(message, payload)."""
+        plen = len(payload)
+        if plen > MAX_CHUNK:
+            raise ProtocolError(f"payload of {plen} bytes exceeds the chunk limit {MAX_CHUNK}")
+        head = PREFIX.pack(5 + self._hlen + plen, self.kind, self._hlen) + self.header
+        return [head, payload] if plen else [head]
+
+
 def encode_frame_bytes(message: Message, payload: bytes = b"") -> bytes:
     return b"".join(encode_frame(message, payload))
 

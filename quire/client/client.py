@@ -49,7 +49,7 @@ from protocol import (
 )
 from protocol.credentials import TokenFile, TokenSource
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
-from protocol.wire import MAX_CHUNK, encode_frame
+from protocol.wire import MAX_CHUNK, FrameTemplate, encode_frame
 
 from .body import AppendData, Body
 from .producer import TxnId
@@ -60,7 +60,7 @@ from .results import AppendResult
 from .retry import ROUTING_STATUSES, backoff, reason, strip_status
 from .routes import RouteCache
 
-_CHUNK = AppendChunk()
+_CHUNK = FrameTemplate(AppendChunk())
 _COMMIT = encode_frame(AppendCommit())
 _WHOLE = Body(b"")
 """Stands for the Body of a whole append (its bytes are re-sent as they are)."""
@@ -284,7 +284,7 @@ class Client(MetadataCalls):
         answer is read as any other. The commit is queued with the rest, so a failure
         after that is ambiguous (as after a commit in `_append_once`)."""
         pool = self.pool
-        frames = request + encode_frame(_CHUNK, data) + _COMMIT if data else request + _COMMIT
+        frames = request + _CHUNK.encode(data) + _COMMIT if data else request + _COMMIT
         conn = pool.take(endpoint) or await pool.acquire(endpoint)
         try:
             conn.send_encoded(frames)
