@@ -12,8 +12,8 @@ ticket, so no other append can interleave — what holding `pipeline_lock` guara
 the FSM's path. When any check fails it returns None with nothing consumed, and the
 append takes the FSM, which handles every other case (and decides the failures).
 
-`finish` is READ_ACKNOWLEDGEMENTS and the answer, as the FSM gives it: OK with the
-append's commit, or — once the commit may have reached a peer — COMMIT_UNKNOWN
+`finish` is READ_ACKNOWLEDGEMENTS and the answer (`answer`), as the FSM gives it: OK
+with the append's commit, or — once the commit may have reached a peer — COMMIT_UNKNOWN
 (`append_rules.decide_broken`). tests/coordinator/test_append_lane.py drives both paths
 over the same appends and compares what they write, propose and answer.
 """
@@ -32,7 +32,7 @@ from .append_rules import Decision, decide_broken
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
 
-__all__ = ["Lane", "finish", "try_lane"]
+__all__ = ["Lane", "answer", "finish", "try_lane"]
 
 _CHUNK = (AppendChunk.KIND, encode_frame(AppendChunk())[0][9:])
 _COMMIT = (AppendCommit.KIND, encode_frame(AppendCommit())[0][9:])
@@ -147,16 +147,13 @@ def _stream(req: AppendRequest, res: Any, replica: Replica, pln: Pipeline,
     return lane
 
 
-async def finish(lane: Lane) -> AppendResponse:
-    """READ_ACKNOWLEDGEMENTS, then the append's answer."""
+def answer(lane: Lane, failure: BaseException | None = None) -> AppendResponse:
+    """The append's answer once its ticket resolved (READ_ACKNOWLEDGEMENTS), or failed
+    with `failure`: as the FSM gives it."""
     header = lane.res.header
     d = lane.error
-    if d is None:
-        try:
-            await lane.pipeline.drain()  # as the FSM's hand-off: cheap below high water
-            await lane.ticket
-        except Exception as exc:  # noqa: BLE001 - the FSM's READ_ACKNOWLEDGEMENTS
-            d = decide_broken(True, f"replication failed: {exc!r}")
+    if d is None and failure is not None:
+        d = decide_broken(True, f"replication failed: {failure!r}")
     if d is not None:
         return AppendResponse(status=d.status, header=header, registers=lane.registers,
                               total_chunks=lane.chunks, message=d.message)
@@ -165,3 +162,17 @@ async def finish(lane: Lane) -> AppendResponse:
     lane.replica.publish(commit.end)
     return AppendResponse(status=Status.OK, header=header, commit=commit,
                           registers=lane.registers, total_chunks=lane.chunks)
+
+
+async def finish(lane: Lane) -> AppendResponse:
+    """Wait for the append's acknowledgements, then its answer (`answer`). The caller
+    on the hot path (append_api.serve_append) inlines this, one coroutine frame less."""
+    failure = None
+    if lane.error is None:
+        try:
+            if not lane.pipeline.writable():
+                await lane.pipeline.drain()  # as the FSM's hand-off
+            await lane.ticket
+        except Exception as exc:  # noqa: BLE001 - the FSM's READ_ACKNOWLEDGEMENTS
+            failure = exc
+    return answer(lane, failure)

@@ -22,7 +22,8 @@ class RouteCache:
         self.seeds = list(dict.fromkeys(seeds))
         self.max_entries = max_entries
         self.ttl = ttl
-        self._routes: OrderedDict[str, tuple[Route, float]] = OrderedDict()
+        self._routes: OrderedDict[str, tuple[Route, float, str | None]] = OrderedDict()
+        """journal -> (route, when it was last confirmed, its primary's endpoint)."""
         self._rr = itertools.count()
         self._down: dict[str, float] = {}
 
@@ -30,7 +31,7 @@ class RouteCache:
         entry = self._routes.get(journal)
         if entry is None:
             return None
-        route, at = entry
+        route, at, _ = entry
         # Routes change only when the allocator moves a journal, but an old entry can
         # outlive every member it names; a TTL bounds how long we trust it.
         if time.monotonic() - at > self.ttl:
@@ -41,7 +42,11 @@ class RouteCache:
     def update(self, journal: str, header: Header | None) -> None:
         if header is None or not header.route.members or not header.route.endpoints:
             return
-        self._routes[journal] = (header.route, time.monotonic())
+        route, now = header.route, time.monotonic()
+        entry = self._routes.get(journal)
+        if entry is not None and now - entry[1] < self.ttl / 2 and entry[0] == route:
+            return  # confirmed recently: an append's answer needs no bookkeeping
+        self._routes[journal] = (route, now, route.primary_endpoint)
         self._routes.move_to_end(journal)
         while len(self._routes) > self.max_entries:
             self._routes.popitem(last=False)
@@ -52,7 +57,7 @@ class RouteCache:
     def mark_down(self, endpoint: str) -> None:
         """An endpoint refused us; prefer others for a few seconds."""
         self._down[endpoint] = time.monotonic()
-        for journal in [j for j, (r, _) in self._routes.items() if endpoint in r.endpoints]:
+        for journal in [j for j, (r, _, _) in self._routes.items() if endpoint in r.endpoints]:
             del self._routes[journal]
 
     def _is_down(self, endpoint: str) -> bool:
@@ -75,6 +80,12 @@ class RouteCache:
         return self.seeds[start % n]
 
     def for_append(self, journal: str) -> str:
+        entry = self._routes.get(journal)
+        if entry is not None:  # the common case, without building anything
+            primary = entry[2]
+            if primary and time.monotonic() - entry[1] <= self.ttl \
+                    and (not self._down or not self._is_down(primary)):
+                return primary
         route = self.get(journal)
         if route is not None and route.primary_endpoint and not self._is_down(route.primary_endpoint):
             return route.primary_endpoint

@@ -43,7 +43,9 @@ class _LanePipeline(_Pipeline):
     synced = True
 
     def writable(self) -> bool:
-        return True
+        # As FrameStream.writable: False once a transport is lost — which is when the
+        # real drain() fails ("drain" fault, after this append's commit).
+        return not (self.break_at == "drain" and self.commits)
 
 
 def _stream_of(data: bytes) -> FrameStream:
