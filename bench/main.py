@@ -44,6 +44,9 @@ REPLICATION = (1, 3)
 CONCURRENCY = (1, 8, 64)
 MESSAGE_SIZE = 100
 MULTI = 8
+FRESH_CASES = ("64k_c8",)
+"""Cases also run on the reference writing fresh pages (pipeline_ref.FRESH), as
+quire's spools do here: the ratio against it is quire's software alone."""
 """Journals of the many-journal case (R=3, 1 KiB, 64 in flight, primaries spread)."""
 MULTI_CASE = f"r3_1k_c64_j{MULTI}"
 
@@ -87,6 +90,11 @@ async def _quire(cluster: LocalCluster, ref: PipelineRef, workdir: Path, seconds
                     res = await append_case(client, f"bench/r{r}", size, c, seconds=seconds)
                     _store_case(out, f"quire_r{r}_{size_name(size)}_c{c}", res)
                     say(f"quire R={r} {size_name(size)} x{c}: {res['mbps']:.1f} MB/s")
+                    if r == 3 and f"{size_name(size)}_c{c}" in FRESH_CASES:
+                        res = await ref_case(ref, size, c, seconds=seconds, fresh=True)
+                        _store_case(out, f"pipeline_fresh_r3_{size_name(size)}_c{c}", res)
+                        say(f"pipeline (fresh pages) R=3 {size_name(size)} x{c}: "
+                            f"{res['mbps']:.1f} MB/s")
         res = await ref_case(ref, 1 << 10, 64, seconds=seconds, journals=MULTI)
         _store_case(out, f"pipeline_{MULTI_CASE}", res)
         res = await append_case(client, multi, 1 << 10, 64, seconds=seconds)
@@ -126,6 +134,10 @@ def ratios(fig: dict[str, Any]) -> dict[str, float]:
         v = div(fig.get(f"quire_{case}_ops"), fig.get(f"pipeline_{case}_ops"))
         if v is not None:
             out[f"ratio_quire_{case}_vs_pipeline"] = v
+    for case in FRESH_CASES:
+        v = div(fig.get(f"quire_r3_{case}_ops"), fig.get(f"pipeline_fresh_r3_{case}_ops"))
+        if v is not None:
+            out[f"ratio_quire_r3_{case}_vs_pipeline_fresh"] = v
     v = div(fig.get("quire_r3_1k_c1_p99_ms"), fig.get("pipeline_r3_1k_c1_p99_ms"))
     if v is not None:
         out["ratio_quire_r3_1k_c1_p99_vs_pipeline"] = v  # latency: lower is better
@@ -205,6 +217,12 @@ def render(fig: dict[str, Any], console: Console) -> None:
         p.add_row(case, _fmt(fig.get(f"quire_{case}_ops"), 0), _fmt(fig.get(f"pipeline_{case}_ops"), 0),
                   _fmt(fig.get(f"ratio_quire_{case}_vs_pipeline"), 2),
                   _fmt(fig.get(f"quire_{case}_p99_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p99_ms"), 2))
+    for case in FRESH_CASES:  # the reference writing fresh pages, as quire's spools do here
+        p.add_row(f"r3_{case} (fresh pages)", _fmt(fig.get(f"quire_r3_{case}_ops"), 0),
+                  _fmt(fig.get(f"pipeline_fresh_r3_{case}_ops"), 0),
+                  _fmt(fig.get(f"ratio_quire_r3_{case}_vs_pipeline_fresh"), 2),
+                  _fmt(fig.get(f"quire_r3_{case}_p99_ms"), 2),
+                  _fmt(fig.get(f"pipeline_fresh_r3_{case}_p99_ms"), 2))
     console.print(p)
     m = Table(title="100-byte JSON messages (R=3 AppendService vs Redis XADD pipelined x100)")
     for col in ("quire msgs/s", "redis pipelined ops/s", "redis unpipelined ops/s", "quire/redis"):

@@ -36,6 +36,10 @@ LIMIT = 1 << 21
 """StreamReader buffer limit, as quire's FrameStream (a 1 MiB append in few reads)."""
 WRAP = 256 << 20
 """Spool files are written modulo this size, so a long run does not fill the disk."""
+FRESH = 1 << 30
+"""Journal ids with this bit write on without wrapping (`ref_case(fresh=True)`): every
+append fills new page-cache pages, as quire's spools do in the bench, where no persister
+runs to hand their files back for reuse (docs/benchmarks.md, "the page cache")."""
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -44,13 +48,14 @@ _U64 = struct.Struct("<Q")
 class _Spool:
     """An append-only file plus its running SHA-1 (the spool's per-append work)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, wrap: int = WRAP) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.sha = hashlib.sha1()
         self.end = 0
+        self.wrap = wrap
 
     def write(self, data: bytes | memoryview) -> int:
-        os.pwrite(self.fd, data, self.end % WRAP)
+        os.pwrite(self.fd, data, self.end % self.wrap)
         self.sha.update(data)
         self.end += len(data)
         return self.end
@@ -95,6 +100,10 @@ class _Pipeline:
                     fut.set_result(end)
 
 
+def _wrap(journal: int) -> int:
+    return 1 << 62 if journal & FRESH else WRAP
+
+
 def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
     """One process of the reference: primary for the journals its clients name,
     replica for the journals the other two lead."""
@@ -106,7 +115,7 @@ def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
         async def pipeline(journal: int) -> _Pipeline:
             async with building.setdefault(journal, asyncio.Lock()):
                 if journal not in pipelines:
-                    spool = _Spool(os.path.join(workdir, f"p{index}-j{journal}"))
+                    spool = _Spool(os.path.join(workdir, f"p{index}-j{journal}"), _wrap(journal))
                     conns = [await asyncio.open_connection("127.0.0.1", p, limit=LIMIT)
                              for p in peers]
                     for _, w in conns:
@@ -129,7 +138,8 @@ def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
         async def replica(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             try:
                 (journal,) = _U32.unpack(await r.readexactly(4))
-                spool = _Spool(os.path.join(workdir, f"r{index}-j{journal}-{id(w)}"))
+                spool = _Spool(os.path.join(workdir, f"r{index}-j{journal}-{id(w)}"),
+                               _wrap(journal))
                 while True:
                     (n,) = _U32.unpack(await r.readexactly(4))
                     spool.write(await r.readexactly(n))
@@ -186,9 +196,10 @@ class PipelineRef:
 
 async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: float,
                    journals: int = 1, max_bytes: int = 2 << 30,
-                   max_ops: int = 1_000_000) -> dict[str, Any]:
+                   max_ops: int = 1_000_000, fresh: bool = False) -> dict[str, Any]:
     """`concurrency` connections (spread over `journals`), each with one append of `size`
-    bytes in flight, for `seconds`: the same shape and bounds as bench.matrix.append_case."""
+    bytes in flight, for `seconds`: the same shape and bounds as bench.matrix.append_case.
+    `fresh`: spool files that never wrap (FRESH)."""
     payload = bytes(size)
     frame = _U32.pack(size) + payload
     limit = max(concurrency, min(max_ops, max_bytes // size))
@@ -196,8 +207,9 @@ async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: fl
     started = 0
     conns = []
     for i in range(concurrency):
-        r, w = await asyncio.open_connection("127.0.0.1", ref.endpoint(i % journals), limit=LIMIT)
-        w.write(_U32.pack(i % journals))
+        journal = (i % journals) | (FRESH if fresh else 0)
+        r, w = await asyncio.open_connection("127.0.0.1", ref.endpoint(journal), limit=LIMIT)
+        w.write(_U32.pack(journal))
         conns.append((r, w))
     deadline = time.perf_counter() + seconds
 

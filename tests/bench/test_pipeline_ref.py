@@ -37,10 +37,26 @@ def test_ratios_pair_quire_with_the_reference_case_by_case() -> None:
     fig = {"quire_r3_64k_c8_ops": 800.0, "pipeline_r3_64k_c8_ops": 1000.0,
            "quire_r3_1k_c64_ops": 4000.0, "pipeline_r3_1k_c64_ops": 16000.0,
            f"quire_{MULTI_CASE}_ops": 9000.0, f"pipeline_{MULTI_CASE}_ops": 18000.0,
-           "quire_r3_1k_c1_p99_ms": 3.0, "pipeline_r3_1k_c1_p99_ms": 1.0}
+           "quire_r3_1k_c1_p99_ms": 3.0, "pipeline_r3_1k_c1_p99_ms": 1.0,
+           "pipeline_fresh_r3_64k_c8_ops": 900.0}
     out = ratios(fig)
+    assert out["ratio_quire_r3_64k_c8_vs_pipeline_fresh"] == pytest.approx(800 / 900)
     assert out["ratio_quire_r3_64k_c8_vs_pipeline"] == pytest.approx(0.8)
     assert out["ratio_quire_r3_1k_c64_vs_pipeline"] == pytest.approx(0.25)
     assert out[f"ratio_quire_{MULTI_CASE}_vs_pipeline"] == pytest.approx(0.5)
     assert out["ratio_quire_r3_1k_c1_p99_vs_pipeline"] == pytest.approx(3.0)
     assert "ratio_quire_r3_1m_c8_vs_pipeline" not in out  # no figure, no ratio
+
+
+def test_a_fresh_reference_never_wraps_its_spool_files() -> None:
+    """fresh=True: spool files grow with every byte (new page-cache pages, as quire's
+    spools in the bench); the default rewrites a window. Both acknowledge on all three."""
+    from bench import pipeline_ref
+
+    with PipelineRef() as ref:
+        res = asyncio.run(ref_case(ref, 1024, 4, seconds=5, max_ops=100, fresh=True))
+        files = {p.name: p.stat().st_size for p in Path(ref._dir.name).iterdir()}
+    assert res["n"] == 100
+    fresh = {n: size for n, size in files.items() if n.split("-")[1] == f"j{pipeline_ref.FRESH}"}
+    assert len(fresh) == 3 and set(fresh.values()) == {100 * 1024}, files
+    assert pipeline_ref._wrap(pipeline_ref.FRESH) > pipeline_ref.WRAP == pipeline_ref._wrap(0)
