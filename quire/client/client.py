@@ -288,7 +288,8 @@ class Client(MetadataCalls):
         conn = pool.take(endpoint) or await pool.acquire(endpoint)
         try:
             conn.send_encoded(frames)
-            pool.watch(conn, self.rpc_timeout)
+            if self.rpc_timeout:  # (None: wait as long as it takes, as conn.read(None))
+                pool.watch(conn, self.rpc_timeout)
             frame = await conn.answer()
             if not isinstance(frame.message, AppendResponse):
                 raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
