@@ -116,18 +116,13 @@ class Connection:
                 async with asyncio.timeout(timeout):
                     frame = await self.stream.read()
         except ConnectionClosed as exc:
-            self.broken = True
-            raise Unavailable(f"connection to {self.endpoint} closed: {exc}") from exc
+            raise self._lost(exc) from exc
         except asyncio.TimeoutError as exc:
-            self.broken = True
-            raise Unavailable(f"{self.endpoint} did not answer within {timeout:g}s") from exc
+            raise self._lost(exc, timeout) from exc
         except ProtocolError:
             self.broken = True
             raise
-        if isinstance(frame.message, ErrorFrame):
-            self.broken = True
-            raise for_status(frame.message.status)(f"{self.endpoint}: {frame.message.message}")
-        return frame
+        return self._checked(frame)
 
     async def answer(self) -> Frame:
         """The next frame of a watched RPC (ConnectionPool.watch bounds it, no timer):
@@ -135,14 +130,20 @@ class Connection:
         try:
             frame = await self.stream.read()
         except ConnectionClosed as exc:
-            self.broken = True
-            if self.timed_out:
-                raise Unavailable(f"{self.endpoint} did not answer within "
-                                  f"{self.timed_out:g}s") from exc
-            raise Unavailable(f"connection to {self.endpoint} closed: {exc}") from exc
+            raise self._lost(exc, self.timed_out) from exc
         except ProtocolError:
             self.broken = True
             raise
+        return self._checked(frame)
+
+    def _lost(self, exc: BaseException, timed_out: float | None = 0.0) -> Unavailable:
+        self.broken = True
+        if timed_out:
+            return Unavailable(f"{self.endpoint} did not answer within {timed_out:g}s")
+        return Unavailable(f"connection to {self.endpoint} closed: {exc}")
+
+    def _checked(self, frame: Frame) -> Frame:
+        """`frame`, unless it is the peer's ErrorFrame: then its typed StatusError."""
         if isinstance(frame.message, ErrorFrame):
             self.broken = True
             raise for_status(frame.message.status)(f"{self.endpoint}: {frame.message.message}")
