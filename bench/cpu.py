@@ -5,8 +5,9 @@
 The case of `quire bench` (`Client.append` from `conc` tasks of this process, one append
 in flight each, to one R=3 journal of a 3-coordinator cluster on loopback) and the same
 case on the reference (bench/pipeline_ref.py), in alternating rounds: appends/s and the
-user + sys CPU time each process spent per append (µs, from /proc), for quire's primary,
-its two replicas and the client, and the reference's primary, replicas and client. On a
+user + sys CPU time each process spent per append (µs, from /proc; `sys_us_per_append`:
+the system part alone), for quire's primary, its two replicas and the client, and the
+reference's primary, replicas and client. On a
 shared 2-vCPU machine the rates swing with other work; the CPU per append moves much
 less, so it is the figure to compare versions by (run both back to back, alternating).
 `--profile DIR`: py-spy (raw, 250 Hz) of quire's primary and the client in the last round.
@@ -34,17 +35,18 @@ from .pipeline_ref import PipelineRef, ref_case
 JOURNAL = "bench/cpu"
 
 
-def _cpu(pid: int) -> float:
-    """user + sys CPU seconds of a process so far (Linux /proc)."""
+def _cpu(pid: int) -> tuple[float, float]:
+    """(user, sys) CPU seconds of a process so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def _snapshot(pids: dict[str, int]) -> dict[str, float]:
+def _snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
     out = {name: _cpu(pid) for name, pid in pids.items()}
     t = os.times()
-    out["client"] = t.user + t.system
+    out["client"] = (t.user, t.system)
     return out
 
 
@@ -53,10 +55,11 @@ async def _measure(pids: dict[str, int], run: Any) -> dict[str, Any]:
     res = await run()
     after = _snapshot(pids)
     n = max(res["n"], 1)
-    cpu = {k: round((after[k] - before[k]) / n * 1e6, 1) for k in after}
+    cpu = {k: round((sum(after[k]) - sum(before[k])) / n * 1e6, 1) for k in after}
     cpu["total"] = round(sum(cpu.values()), 1)
+    system = {k: round((after[k][1] - before[k][1]) / n * 1e6, 1) for k in after}
     return {"ops_per_s": round(res["ops_per_s"], 1), "cpu_us_per_append": cpu,
-            "load_avg_1m": os.getloadavg()[0]}
+            "sys_us_per_append": system, "load_avg_1m": os.getloadavg()[0]}
 
 
 def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
@@ -96,8 +99,9 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
             p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs))
             q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
             rounds.append({"quire": q, "pipeline": p_})
-            print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']}  |  "
-                  f"pipeline {p_['ops_per_s']:,.0f}/s cpu {p_['cpu_us_per_append']}  |  "
+            print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']} "
+                  f"(sys {q['sys_us_per_append']})  |  pipeline {p_['ops_per_s']:,.0f}/s cpu "
+                  f"{p_['cpu_us_per_append']} (sys {p_['sys_us_per_append']})  |  "
                   f"ratio {q['ratio_vs_pipeline']}  load {q['load_avg_1m']:.1f}", flush=True)
         return {"size": size, "concurrency": conc, "seconds": secs, "rounds": rounds}
     finally:

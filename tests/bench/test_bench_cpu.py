@@ -23,3 +23,6 @@ def test_cpu_per_append_of_every_process_beside_the_reference(tmp_path: Path) ->
     assert len([k for k in quire["cpu_us_per_append"] if k.startswith("replica-")]) == 2
     assert set(ref["cpu_us_per_append"]) == {"primary", "replica-1", "replica-2", "client", "total"}
     assert all(v >= 0 for v in (*quire["cpu_us_per_append"].values(), *ref["cpu_us_per_append"].values()))
+    for side in (quire, ref):  # the system part of each process's CPU
+        assert all(0 <= side["sys_us_per_append"][k] <= side["cpu_us_per_append"][k] + 0.1
+                   for k in side["sys_us_per_append"])
