@@ -160,7 +160,8 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
                     failure = exc
             resp = answer(lane, failure)
             _answer(conn, req.journal, resp, started, resp.commit, "whole-append lane")
-            await conn.drain()
+            if not conn.writable():  # (otherwise drain() returns at once: skip the call)
+                await conn.drain()
             return True
         source = ClientSource(conn, min_rate)
         fsm = AppendFSM(broker, req, source)

@@ -152,7 +152,10 @@ class Pipeline:
 
     def writable(self) -> bool:
         """No peer stream is over its high-water mark (drain() would not wait)."""
-        return all(s.writable() for s in self._streams)
+        for s in self._streams:
+            if not s.writable():
+                return False
+        return True
 
     async def drain(self) -> None:
         """Cheap unless a peer's transport is over its high-water mark (or lost)."""

@@ -111,7 +111,8 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                         conn.write_encoded(_ACK_OK_BUFS)  # the constant frame, not re-encoded
                     else:
                         conn.write(resp)
-                    await conn.drain()
+                    if not conn.writable():  # (otherwise drain() returns at once: skip the call)
+                        await conn.drain()
             else:
                 await conn.send_error(f"unexpected {type(msg).__name__} in a replicate stream")
                 return False

@@ -127,6 +127,7 @@ class FrameStream:
             return None
         body_kind, body_header = body
         end_kind, end_header = end
+        body_len, end_len = len(body_header), len(end_header)
         n, pos = len(buf), 0
         spans: list[tuple[int, int]] = []
         unpack = PREFIX.unpack_from
@@ -137,7 +138,8 @@ class FrameStream:
             if stop > n or length > MAX_FRAME or hlen > length - 5:
                 return None
             if kind == end_kind:
-                if not spans or length != 5 + hlen or buf[head:stop] != end_header:
+                if not spans or hlen != end_len or length != 5 + hlen \
+                        or not buf.startswith(end_header, head):
                     return None
                 with memoryview(buf) as view:  # copies out: no export outlives this block
                     payloads = [bytes(view[a:b]) for a, b in spans]
@@ -146,8 +148,8 @@ class FrameStream:
                 if resume is not None:
                     resume()
                 return payloads
-            if kind != body_kind or not 0 < length - 5 - hlen <= MAX_CHUNK \
-                    or buf[head:head + hlen] != body_header:
+            if kind != body_kind or hlen != body_len or not 0 < length - 5 - hlen <= MAX_CHUNK \
+                    or not buf.startswith(body_header, head):
                 return None
             spans.append((head + hlen, stop))
             pos = stop
