@@ -159,7 +159,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
                 except Exception as exc:  # noqa: BLE001 - the FSM's READ_ACKNOWLEDGEMENTS
                     failure = exc
             resp = answer(lane, failure)
-            _answer(conn, req.journal, resp, started, resp.commit, "whole-append lane")
+            _answer(conn, req.journal, resp, started, resp.commit, "whole-append lane", True)
             if not conn.writable():  # (otherwise drain() returns at once: skip the call)
                 await conn.drain()
             return True
@@ -186,12 +186,13 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
 
 
 def _answer(conn: FrameStream, journal: str, resp: AppendResponse, started: float,
-            wrote: Fragment | None, trace: object) -> None:
+            wrote: Fragment | None, trace: object, whole: bool = False) -> None:
     """Count the append, log a failure, and send the answer now (one writelines: there
-    is nothing to coalesce it with). `wrote`: the span this append wrote, if it did."""
+    is nothing to coalesce it with). `wrote`: the span this append wrote, if it did;
+    `whole`: the whole-append lane served it."""
     if resp.status == Status.OK:
         metrics.HOT.appended(wrote.end - wrote.begin if wrote is not None else 0,
-                             time.monotonic() - started)
+                             time.monotonic() - started, whole)
     else:
         _appends_counter(resp.status.name).inc()
         if resp.status != Status.ABORTED:

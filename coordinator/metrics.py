@@ -1,8 +1,8 @@
 """Prometheus metrics of the coordinator's hot path (`quire_` prefix).
 
 Successful appends are counted in `HOT` (plain numbers) and folded into
-quire_appends_total{status="OK"}, quire_append_bytes_total and
-quire_append_latency_seconds at scrape time; every other figure is a metric
+quire_appends_total{status="OK"}, quire_append_bytes_total,
+quire_append_latency_seconds and quire_appends_whole_total at scrape time; every other figure is a metric
 updated in place."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class HotPath:
     keeps what it already folded in, so nothing is ever reset under a writer.
     """
 
-    __slots__ = ("ok", "bytes", "lat_counts", "lat_sum", "_bounds", "_done")
+    __slots__ = ("ok", "bytes", "lat_counts", "lat_sum", "whole", "_bounds", "_done")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.ok = 0
@@ -32,20 +32,24 @@ class HotPath:
         self._bounds = bounds
         self.lat_counts = [0] * len(bounds)
         self.lat_sum = 0.0
-        self._done: tuple[int, int, list[int], float] = (0, 0, [0] * len(bounds), 0.0)
+        self.whole = 0
+        """Of them, appends the whole-append lane served (append_lane.py)."""
+        self._done: tuple[int, int, list[int], float, int] = (0, 0, [0] * len(bounds), 0.0, 0)
 
-    def appended(self, nbytes: int, latency: float) -> None:
-        """One append answered OK: `nbytes` committed, `latency` seconds since its request."""
+    def appended(self, nbytes: int, latency: float, whole: bool = False) -> None:
+        """One append answered OK: `nbytes` committed, `latency` seconds since its
+        request; `whole`: served by the whole-append lane."""
         self.ok += 1
+        self.whole += whole
         self.bytes += nbytes
         self.lat_counts[bisect_left(self._bounds, latency)] += 1
         self.lat_sum += latency
 
     def fold(self) -> None:
         """Add what happened since the last fold to the Prometheus metrics."""
-        ok, nbytes, lat_sum = self.ok, self.bytes, self.lat_sum
+        ok, nbytes, lat_sum, whole = self.ok, self.bytes, self.lat_sum, self.whole
         counts = list(self.lat_counts)
-        done_ok, done_bytes, done_counts, done_sum = self._done
+        done_ok, done_bytes, done_counts, done_sum, done_whole = self._done
         if ok != done_ok:
             APPENDS.labels("OK").inc(ok - done_ok)
         if nbytes != done_bytes:
@@ -55,7 +59,9 @@ class HotPath:
                 APPEND_LATENCY._buckets[i].inc(c - d)  # noqa: SLF001 - observe() without the per-value loop
         if lat_sum != done_sum:
             APPEND_LATENCY._sum.inc(lat_sum - done_sum)  # noqa: SLF001
-        self._done = (ok, nbytes, counts, lat_sum)
+        if whole != done_whole:
+            APPENDS_WHOLE.inc(whole - done_whole)
+        self._done = (ok, nbytes, counts, lat_sum, whole)
 
     def collect(self):  # noqa: ANN201 - the prometheus Collector protocol
         self.fold()
@@ -71,6 +77,10 @@ APPENDS = Counter("quire_appends_total", "Append RPCs finished, by status.", ["s
 APPEND_LATENCY = Histogram(
     "quire_append_latency_seconds", "Append RPC latency (request to acknowledgement).",
     buckets=LATENCY_BUCKETS)
+APPENDS_WHOLE = Counter("quire_appends_whole_total",
+                        "Successful appends served by the whole-append lane (a plain append "
+                        "that arrived whole on an idle synchronized pipeline; the rest took "
+                        "the append FSM).")
 APPENDS_IN_FLIGHT = Gauge("quire_appends_in_flight", "Append RPCs currently being served.")
 PIPELINE_REBUILDS = Counter("quire_pipeline_rebuilds_total", "Replication pipelines (re)built.")
 SPOOL_BYTES = Gauge("quire_spool_bytes", "Committed bytes in open spools plus closed local fragments.")

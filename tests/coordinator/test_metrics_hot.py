@@ -19,8 +19,9 @@ def test_appends_fold_into_counters_and_histogram_once() -> None:
     sum0 = _sample("quire_append_latency_seconds_sum")
     le1ms0 = _sample("quire_append_latency_seconds_bucket", {"le": "0.001"})
     inf0 = _sample("quire_append_latency_seconds_bucket", {"le": "+Inf"})
+    whole0 = _sample("quire_appends_whole_total")
 
-    metrics.HOT.appended(1024, 0.0007)
+    metrics.HOT.appended(1024, 0.0007, whole=True)
     metrics.HOT.appended(0, 0.001)   # on a bucket's bound: that bucket (le is inclusive)
     metrics.HOT.appended(10, 30.0)   # past every finite bucket
 
@@ -31,3 +32,4 @@ def test_appends_fold_into_counters_and_histogram_once() -> None:
         assert abs(_sample("quire_append_latency_seconds_sum") - (sum0 + 30.0017)) < 1e-9
         assert _sample("quire_append_latency_seconds_bucket", {"le": "0.001"}) == le1ms0 + 2
         assert _sample("quire_append_latency_seconds_bucket", {"le": "+Inf"}) == inf0 + 3
+        assert _sample("quire_appends_whole_total") == whole0 + 1
