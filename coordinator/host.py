@@ -187,6 +187,7 @@ class Host:
 
     async def teardown_pipeline(self, replica: Replica) -> None:
         pln, replica.pipeline = replica.pipeline, None
+        replica.lane = None  # (the lane's checks were of that pipeline: let it go)
         if pln is not None:
             await pln.close()
             replica.spool_lock.release()
