@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 from protocol import (
@@ -196,6 +197,16 @@ async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0,
         if resp.status == Status.OK or time.monotonic() > deadline:
             return resp
         await asyncio.sleep(0.1)  # retry a barrier while the route forms
+
+
+def scrape_metric(port: int, name: str, labels: str = "") -> float | None:
+    """One sample of a coordinator's /metrics (`labels` as exported, e.g. '{status="OK"}');
+    None if it is not exported."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(f"{name}{labels} "):
+                return float(line.split()[1])
+    return None
 
 
 async def serve_journal(cluster: Cluster, journal: str, replication: int = 3) -> None:

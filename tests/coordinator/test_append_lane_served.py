@@ -5,14 +5,13 @@ a guard against the lane silently never being used — nothing else would fail t
 from __future__ import annotations
 
 import shutil
-import urllib.request
 
 import pytest
 
 from protocol import LabelSet, Status
 from tools.services import free_port
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, make_workdir, scrape_metric, serve_journal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,11 +19,7 @@ J = "lane/j"
 
 
 def _metric(port: int, name: str, labels: str = "") -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(f"{name}{labels} "):
-                return float(line.split()[1])
-    return 0.0
+    return scrape_metric(port, name, labels) or 0.0
 
 
 async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_root) -> None:  # noqa: ANN001
@@ -33,10 +28,8 @@ async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_r
     node = c.add("zone-0", "node-0")
     try:
         c.start(node)
-        await c.wait_listening(node)
+        await serve_journal(c, J, replication=1)
         conn = await Conn.open(node.endpoint)
-        assert (await conn.apply(spec(J, replication=1))).status == Status.OK
-        assert (await wait_appendable(node.endpoint, J)).status == Status.OK
         ok0, whole0 = (_metric(mport, "quire_appends_total", '{status="OK"}'),
                        _metric(mport, "quire_appends_whole_total"))
         for i in range(20):  # request, chunk and commit leave in one send: whole

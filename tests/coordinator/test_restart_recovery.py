@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -20,7 +19,7 @@ from protocol import FragmentSpec, JournalSpec, Status
 from protocol.fragment import Codec, Fragment
 from tools.services import free_port
 
-from .cluster import Cluster, Conn, make_workdir, wait_appendable
+from .cluster import Cluster, Conn, make_workdir, scrape_metric, wait_appendable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,11 +27,9 @@ J = "recover/j"
 
 
 def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not exported")
+    value = scrape_metric(port, name)
+    assert value is not None, f"{name} not exported"
+    return value
 
 
 def _queued_fragments(client) -> list[Fragment]:  # noqa: ANN001

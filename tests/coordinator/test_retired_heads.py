@@ -13,7 +13,6 @@ import asyncio
 import os
 import shutil
 import time
-import urllib.request
 
 import msgspec
 import pytest
@@ -22,7 +21,7 @@ from protocol import ApplyChange, ApplyRequest, ApplyResponse, Status
 from protocol.fragment import Codec, Fragment
 from tools.services import free_port
 
-from .cluster import Cluster, Conn, make_workdir, spec, wait_appendable
+from .cluster import Cluster, Conn, make_workdir, scrape_metric, serve_journal, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,11 +29,9 @@ J, OTHER = "retired/j", "retired/other"
 
 
 def _replicas(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("quire_replicas "):
-                return float(line.split()[1])
-    raise AssertionError("quire_replicas not exported")
+    value = scrape_metric(port, "quire_replicas")
+    assert value is not None, "quire_replicas not exported"
+    return value
 
 
 async def _until(pred, what: str, timeout: float = 30.0) -> None:  # noqa: ANN001
@@ -52,10 +49,8 @@ async def test_a_journal_assigned_again_resumes_at_the_forgotten_replicas_head(
     node = c.add("zone-0", "node-0")
     try:
         c.start(node)
-        await c.wait_listening(node)
+        await serve_journal(c, J, replication=1)
         conn = await Conn.open(node.endpoint)
-        assert (await conn.apply(spec(J, replication=1))).status == Status.OK
-        assert (await wait_appendable(node.endpoint, J)).status == Status.OK
         r = await conn.append(J, [b"written before the journal went away\n"])
         assert r.status == Status.OK, r
         end = r.commit.end
