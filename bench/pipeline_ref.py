@@ -39,7 +39,7 @@ WRAP = 256 << 20
 FRESH = 1 << 30
 """Journal ids with this bit write on without wrapping (`ref_case(fresh=True)`): every
 append fills new page-cache pages, as quire's spools do in the bench, where no persister
-runs to hand their files back for reuse (docs/benchmarks.md, "the page cache")."""
+runs to hand their files back for reuse (docs/benchmarks.md, "The 64 KiB figures")."""
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")

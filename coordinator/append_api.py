@@ -29,7 +29,7 @@ from protocol.wire import encode_frame
 
 from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
-from .append_lane import answer, try_lane
+from .append_lane import finish, try_lane
 from .append_rules import decide_broken
 from .flow_control import MinRatePolicer
 
@@ -150,15 +150,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
     try:
         lane = try_lane(broker, conn, req)
         if lane is not None:  # taken whole, the commit read: the connection is in step
-            failure = None
-            if lane.error is None:  # (append_lane.finish, inlined: one frame less per wake-up)
-                try:
-                    if not lane.pipeline.writable():
-                        await lane.pipeline.drain()
-                    await lane.ticket
-                except Exception as exc:  # noqa: BLE001 - the FSM's READ_ACKNOWLEDGEMENTS
-                    failure = exc
-            resp = answer(lane, failure)
+            resp = await finish(lane)
             _answer(conn, req.journal, resp, started, resp.commit, "whole-append lane", True)
             if not conn.writable():  # (otherwise drain() returns at once: skip the call)
                 await conn.drain()

@@ -165,8 +165,7 @@ def answer(lane: Lane, failure: BaseException | None = None) -> AppendResponse:
 
 
 async def finish(lane: Lane) -> AppendResponse:
-    """Wait for the append's acknowledgements, then its answer (`answer`). The caller
-    on the hot path (append_api.serve_append) inlines this, one coroutine frame less."""
+    """Wait for the append's acknowledgements, then its answer (`answer`)."""
     failure = None
     if lane.error is None:
         try:

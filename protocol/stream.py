@@ -103,12 +103,16 @@ class FrameStream:
         with memoryview(buf) as view:  # copies out, so no export outlives this block
             header = bytes(view[PREFIX_SIZE:PREFIX_SIZE + hlen])
             payload = bytes(view[PREFIX_SIZE + hlen:total]) if plen else b""
-        del buf[:total]
-        message = decode_header(kind, header)
-        resume = getattr(reader, "_maybe_resume_transport", None)
+        self._consume(buf, total)
+        return Frame(decode_header(kind, header), payload)
+
+    def _consume(self, buf: bytearray, n: int) -> None:
+        """Drop `n` bytes taken from the reader's buffer, and let the transport read
+        again if a full buffer had paused it (as StreamReader's own reads do)."""
+        del buf[:n]
+        resume = getattr(self.reader, "_maybe_resume_transport", None)
         if resume is not None:
             resume()
-        return Frame(message, payload)
 
     def take_run(self, body: tuple[int, bytes], end: tuple[int, bytes]) -> list[bytes] | None:
         """The payloads of a run of one or more `body` frames, each with a non-empty
@@ -143,10 +147,7 @@ class FrameStream:
                     return None
                 with memoryview(buf) as view:  # copies out: no export outlives this block
                     payloads = [bytes(view[a:b]) for a, b in spans]
-                del buf[:stop]
-                resume = getattr(reader, "_maybe_resume_transport", None)
-                if resume is not None:
-                    resume()
+                self._consume(buf, stop)
                 return payloads
             if kind != body_kind or hlen != body_len or not 0 < length - 5 - hlen <= MAX_CHUNK \
                     or not buf.startswith(body_header, head):
@@ -170,10 +171,7 @@ class FrameStream:
             while k < fits and buf[k * size:(k + 1) * size] == frame:
                 k += 1
             fits = k
-        del buf[:fits * size]
-        resume = getattr(reader, "_maybe_resume_transport", None)
-        if resume is not None:
-            resume()
+        self._consume(buf, fits * size)
         return fits
 
     async def read(self) -> Frame:

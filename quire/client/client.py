@@ -62,9 +62,9 @@ from .routes import RouteCache
 
 _CHUNK = FrameTemplate(AppendChunk())
 _COMMIT = encode_frame(AppendCommit())
+"""An AppendCommit frame is always the same bytes."""
 _WHOLE = Body(b"")
 """Stands for the Body of a whole append (its bytes are re-sent as they are)."""
-"""An AppendCommit frame is always the same bytes."""
 
 class _Ambiguous(Exception):
     """The append's commit was sent but no answer came: it may or may not have landed."""
