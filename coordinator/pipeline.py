@@ -176,7 +176,11 @@ class Pipeline:
         if self.broken is not None:
             fut.set_exception(PipelineBroken(f"pipeline broken: {self.broken!r}"))
         elif not self._streams:
-            fut.set_result([])  # no peers (R=1): the local spool already adopted it
+            try:  # no peers (R=1): the local spool already adopted it; once on file, done
+                self._flush_local()
+                fut.set_result([])
+            except PipelineBroken as exc:
+                fut.set_exception(exc)
         else:
             self._tickets.append((fut, must_ok))
             if self._reader is None:
@@ -207,10 +211,12 @@ class Pipeline:
                             break
                         q.append(expect(frame, ReplicateResponse)[0])
                 ready = min(map(len, queues))
-                fence = self.fence
-                if ready and fence is not None and not fence():
-                    raise PipelineBroken("route superseded: this coordinator is no longer "
-                                         "the journal's primary")
+                if ready:
+                    fence = self.fence
+                    if fence is not None and not fence():
+                        raise PipelineBroken("route superseded: this coordinator is no "
+                                             "longer the journal's primary")
+                    self._flush_local()  # nothing is acknowledged before it is on file
                 for _ in range(min(ready, len(tickets))):
                     fut, must_ok = tickets.popleft()
                     answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
@@ -238,6 +244,14 @@ class Pipeline:
                 raise
         finally:
             self._reader = None
+
+    def _flush_local(self) -> None:
+        """The local spool's write-behind reaches its file (spool_files.py), or the
+        pipeline breaks: an acknowledgement never covers bytes we failed to write."""
+        try:
+            self.spool.flush()
+        except OSError as exc:
+            raise self._fail(PipelineBroken(f"writing the local spool failed: {exc}")) from exc
 
     async def gather(self, ticket: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]
                      ) -> list[tuple[ProcessId, ReplicateResponse]]:

@@ -81,6 +81,9 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         take_spool(replica)
         if fence is not None:
             replica.stream = (fence, conn)
+        # Our acknowledgements leave only after the bytes they acknowledge reached the
+        # spool file (its write-behind: spool_files.py); a failed write sends none.
+        conn.before_flush = spool.flush
         msg: object = first
         payload: bytes | memoryview = b""
         header_sent = False
@@ -126,6 +129,7 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         await conn.send_error(str(exc), Status.PROPOSAL_MISMATCH)
         return False
     finally:
+        conn.before_flush = None
         if replica.stream is not None and replica.stream[1] is conn:
             replica.stream = None
         spool.rollback()

@@ -171,6 +171,13 @@ class Spool:
         self._next = (frag, delta, out)
         return out
 
+    def flush(self) -> None:
+        """Every byte applied so far has reached the spool file (the acknowledgement
+        barrier of spool_files.DiskFile's write-behind); raises the OSError of a write
+        that failed."""
+        if self._file is not None:
+            self._file.flush()
+
     def read_committed(self, offset: int, size: int) -> bytes:
         """Committed bytes from journal `offset` (never the uncommitted delta)."""
         if not (self.fragment.begin <= offset <= self.fragment.end):

@@ -5,10 +5,19 @@ two implementations: `MemoryFile(s)` (tests, tiny journals) and `DiskFile(s)` (p
 pwrite under the spool directory, with a small pool of recycled files). Split from
 spool.py along the seam the spool's docstring draws: the Spool is sans-IO, these are
 the IO it is given.
+
+A DiskFile writes behind: inside an event loop, the contiguous writes of one loop turn
+(every append the turn served) go down in one `pwritev` at the end of the turn, not
+one `pwrite` each. A read, truncate, seal or discard writes what is held first, and
+`flush()` is the acknowledgement barrier: a replica flushes before its answers leave
+(replicate_api.py), the primary before it resolves a commit's ticket (pipeline.py), so
+nothing is acknowledged that has not reached the page cache. A write that fails is
+kept and raised by the next write, read, flush or seal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +27,12 @@ from protocol import Fragment
 
 __all__ = ["DiskFile", "DiskFiles", "FileFactory", "MemoryFile", "MemoryFiles", "SpoolFile"]
 
+WRITE_BEHIND = 1 << 20
+"""At most this many bytes are held for the end of the loop turn (a bigger write, or
+one that would go past it, writes what is held first)."""
+_IOV_MAX = 1024
+"""Buffers per pwritev (Linux's IOV_MAX)."""
+
 
 class SpoolFile(Protocol):
     """Random-access byte storage of one fragment's raw content."""
@@ -26,6 +41,8 @@ class SpoolFile(Protocol):
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None: ...
     def read_at(self, offset: int, size: int) -> bytes: ...
+    def flush(self) -> None:
+        """Every write so far has reached the file (raises if one failed)."""
     def truncate(self, size: int) -> None: ...
     def seal(self, fragment: Fragment) -> None:
         """The fragment is closed: no more writes; keep the bytes (maybe under a new name)."""
@@ -52,6 +69,9 @@ class MemoryFile:
 
     def read_at(self, offset: int, size: int) -> bytes:
         return bytes(self.buf[offset:offset + size])
+
+    def flush(self) -> None:
+        pass
 
     def truncate(self, size: int) -> None:
         del self.buf[size:]
@@ -80,26 +100,92 @@ class DiskFile:
         self.path: str | None = str(path)
         self._files = files
         self._fd = fd if fd >= 0 else os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._held: list[bytes] = []
+        """Writes held for the end of the loop turn: contiguous, from `_at` to `_end`."""
+        self._at = self._end = 0
+        self._failed: OSError | None = None
+        self._failed_at = 0
+        """Where the failed write began: a truncate to there or below cuts it off."""
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        held = self._held
+        if held:
+            if offset == self._end and len(held) < _IOV_MAX \
+                    and offset + len(data) - self._at <= WRITE_BEHIND:
+                held.append(data if type(data) is bytes else bytes(data))
+                self._end += len(data)
+                return
+            self.flush()
+        elif self._failed is not None:
+            self._raise_failed()
+        loop = asyncio._get_running_loop()
+        if loop is None or len(data) >= WRITE_BEHIND:
+            self._write(offset, data)  # (outside a loop — tools, tests — or big: now)
+            return
+        # A bytes object cannot change under us; anything else is copied.
+        self._held = [data if type(data) is bytes else bytes(data)]
+        self._at, self._end = offset, offset + len(data)
+        loop.call_soon(self._flush_at_turn_end)
+
+    def flush(self) -> None:
+        held = self._held
+        if not held:
+            if self._failed is not None:
+                self._raise_failed()
+            return
+        self._held = []
+        try:
+            if len(held) == 1:
+                self._write(self._at, held[0])
+            else:
+                n = os.pwritev(self._fd, held, self._at)
+                if n < self._end - self._at:
+                    self._write(self._at + n, b"".join(held)[n:])
+        except OSError as exc:
+            if self._failed is None or self._at < self._failed_at:
+                self._failed_at = self._at
+            self._failed = exc
+            raise
+
+    def _flush_at_turn_end(self) -> None:
+        try:
+            self.flush()
+        except OSError:
+            pass  # kept in _failed: the next write, read, flush or seal raises it
+
+    def _raise_failed(self) -> None:
+        exc = self._failed
+        assert exc is not None
+        raise OSError(exc.errno, f"an earlier write to {self.path} failed: {exc.strerror or exc}")
+
+    def _write(self, offset: int, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             n = os.pwrite(self._fd, view, offset)
             view, offset = view[n:], offset + n
 
     def read_at(self, offset: int, size: int) -> bytes:
+        self.flush()
         return os.pread(self._fd, size, offset)
 
     def truncate(self, size: int) -> None:
         # Only a rollback truncates, and only the uncommitted tail; a recycled file may
         # hold stale bytes further out, which no reader can see (reads stop at the
         # committed end) and seal() cuts off.
+        if self._held:
+            if size <= self._at:
+                self._held = []  # all cut off: nothing to write
+            else:
+                self.flush()
         os.ftruncate(self._fd, size)
+        if self._failed is not None and size <= self._failed_at:
+            self._failed = None  # what failed to be written is cut off: whole again
 
     def seal(self, fragment: Fragment) -> None:
         # Name the closed file after its content so a restart (or an operator) can tell
         # what it holds; the open fd is unaffected by the rename.
         assert self.path is not None
+        self.flush()
         if self._files is not None and self._files.before_seal is not None:
             self._files.before_seal(fragment)
         sealed = Path(self.path).with_name(f"{fragment.begin:016x}-{fragment.end:016x}-{fragment.sum}.raw")
@@ -110,6 +196,7 @@ class DiskFile:
     def discard(self) -> None:
         if self._fd < 0:
             return
+        self._held = []  # released for good: nothing will read them
         fd, path, self._fd, self.path = self._fd, self.path, -1, None
         if self._files is not None and path and self._files.recycle(fd, path):
             return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as ssl_module
+from collections.abc import Callable
 from typing import TypeVar
 
 from .errors import ProtocolError
@@ -54,6 +55,10 @@ class FrameStream:
         self._queued = 0
         self._flush_pending = False
         self._high = 1 << 16
+        self.before_flush: Callable[[], None] | None = None
+        """Called before queued frames go to the transport; if it raises, they never do
+        and the connection is aborted (a replica's acknowledgements wait on its spool
+        file's write-behind this way: coordinator/replicate_api.py)."""
         transport = getattr(writer, "transport", None)
         self._transport = transport
         if transport is not None:
@@ -240,10 +245,11 @@ class FrameStream:
     def send_encoded(self, bufs: list[bytes | memoryview]) -> None:
         """Hand frames already made by `encode_frame` to the transport now, behind
         anything queued, in one writelines (no deferred flush is scheduled)."""
-        if self._out:
-            bufs = self._out + bufs
-            self._out, self._queued = [], 0
-        self.writer.writelines(bufs)
+        if self._out or self.before_flush is not None:
+            self._out += bufs
+            self.flush()
+        else:
+            self.writer.writelines(bufs)
 
     def _deferred_flush(self) -> None:
         self._flush_pending = False
@@ -258,6 +264,14 @@ class FrameStream:
         out = self._out
         if out:
             self._out, self._queued = [], 0
+            if self.before_flush is not None:
+                try:
+                    self.before_flush()
+                except BaseException:
+                    transport = self.writer.transport
+                    if transport is not None:
+                        transport.abort()  # (not self.abort: nothing queued may leave)
+                    raise
             self.writer.writelines(out)
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
