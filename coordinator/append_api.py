@@ -29,7 +29,7 @@ from protocol.wire import encode_frame
 
 from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
-from .append_lane import finish, try_lane
+from .append_lane import finish, ok_header, try_lane
 from .append_rules import decide_broken
 from .flow_control import MinRatePolicer
 
@@ -162,9 +162,10 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
             return await proxy_append(conn, req, fsm.res, source, _peer_auth(broker, req.journal))
         res = fsm.res
         ok = state is State.FINISHED
+        header = res.header if res is not None else None
         resp = AppendResponse(
             status=Status.OK if ok else fsm.status,
-            header=res.header if res is not None else None,
+            header=ok_header(header, req.route_revision) if ok and header is not None else header,
             commit=fsm.commit if ok else None,
             registers=fsm.registers,
             total_chunks=fsm.total_chunks, delayed_chunks=fsm.delayed_chunks,

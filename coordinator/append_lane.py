@@ -32,7 +32,7 @@ from .append_rules import Decision, decide_broken
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
 
-__all__ = ["Lane", "answer", "finish", "try_lane"]
+__all__ = ["Lane", "answer", "finish", "ok_header", "try_lane"]
 
 _CHUNK = (AppendChunk.KIND, encode_frame(AppendChunk())[0][9:])
 _COMMIT = (AppendCommit.KIND, encode_frame(AppendCommit())[0][9:])
@@ -42,17 +42,27 @@ _COMMIT = (AppendCommit.KIND, encode_frame(AppendCommit())[0][9:])
 class Lane:
     """One append taken by the lane: its ticket and what its answer needs."""
 
-    __slots__ = ("res", "replica", "pipeline", "ticket", "commit", "registers", "chunks", "error")
+    __slots__ = ("res", "replica", "pipeline", "ticket", "commit", "registers", "chunks", "error",
+                 "known")
 
-    def __init__(self, res: Any, replica: Replica, pipeline: Pipeline, chunks: int) -> None:
+    def __init__(self, res: Any, replica: Replica, pipeline: Pipeline, chunks: int,
+                 known: int = 0) -> None:
         self.res = res
         self.replica = replica
         self.pipeline = pipeline
         self.chunks = chunks
+        self.known = known
+        """The client's route revision (AppendRequest.route_revision)."""
         self.ticket: Any = None
         self.commit: Fragment | None = None
         self.registers = None
         self.error: Decision | None = None
+
+
+def ok_header(header: Any, known: int) -> Any:
+    """An OK answer's header: none when the client's route came from a header of this
+    same revision (AppendRequest.route_revision), which it would only repeat."""
+    return None if known and header.etcd.revision == known else header
 
 
 def _plain(req: AppendRequest) -> bool:
@@ -111,7 +121,7 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
 def _stream(req: AppendRequest, res: Any, replica: Replica, pln: Pipeline,
             chunks: list[bytes]) -> Lane:
     """STREAM_CONTENT with every chunk and the commit at hand, then the ticket."""
-    lane = Lane(res, replica, pln, len(chunks))
+    lane = Lane(res, replica, pln, len(chunks), req.route_revision)
     spool = replica.spool
     commit_sent = False
     try:
@@ -160,7 +170,7 @@ def answer(lane: Lane, failure: BaseException | None = None) -> AppendResponse:
     commit = lane.commit
     assert commit is not None
     lane.replica.publish(commit.end)
-    return AppendResponse(status=Status.OK, header=header, commit=commit,
+    return AppendResponse(status=Status.OK, header=ok_header(header, lane.known), commit=commit,
                           registers=lane.registers, total_chunks=lane.chunks)
 
 

@@ -84,6 +84,10 @@ class AppendRequest(Message, frozen=True):
     txn: int = 0
     close_history: bool = False
     """This transaction closes its history: later ones are refused (HISTORY_CLOSED)."""
+    route_revision: int = 0
+    """The etcd revision of the header the client's route of the journal came from: an
+    OK answer resolved at that same revision omits its header (the route is current),
+    sparing both sides a header per append. 0: always send it."""
 
 
 class AppendChunk(Message, frozen=True):

@@ -154,14 +154,16 @@ class Client(MetadataCalls):
             check_registers = parse_selector(check_registers)
         plain = (not offset and check_registers is None and union_registers is None
                  and subtract_registers is None and suspend == "resume" and txn is None)
+        known = self.routes.revision(journal)
         cached = self._plain_requests.get(journal) if plain else None
-        if cached is not None and cached[0].min_etcd_revision == self.applied_revision:
+        if cached is not None and cached[0].min_etcd_revision == self.applied_revision \
+                and cached[0].route_revision == known:
             request, encoded = cached  # a plain append's request is encoded once per journal
         else:
             request, encoded = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
                                     union_registers=union_registers,
                                     subtract_registers=subtract_registers, suspend=suspend,
-                                    min_etcd_revision=self.applied_revision,
+                                    min_etcd_revision=self.applied_revision, route_revision=known,
                                     **(txn.fields() if txn is not None else {})), None
             if plain:
                 if len(self._plain_requests) >= 4096:
@@ -204,7 +206,10 @@ class Client(MetadataCalls):
             else:
                 status = response.status
                 if status == Status.OK:
-                    self.routes.update(journal, response.header)
+                    if response.header is None:  # our route is current (route_revision)
+                        self.routes.confirm(journal)
+                    else:
+                        self.routes.update(journal, response.header)
                     commit = response.commit
                     return AppendResult(journal=journal, begin=commit.begin if commit else 0,
                                         end=commit.end if commit else 0, commit=commit,

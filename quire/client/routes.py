@@ -22,8 +22,9 @@ class RouteCache:
         self.seeds = list(dict.fromkeys(seeds))
         self.max_entries = max_entries
         self.ttl = ttl
-        self._routes: OrderedDict[str, tuple[Route, float, str | None]] = OrderedDict()
-        """journal -> (route, when it was last confirmed, its primary's endpoint)."""
+        self._routes: OrderedDict[str, tuple[Route, float, str | None, int]] = OrderedDict()
+        """journal -> (route, when it was last confirmed, its primary's endpoint, the etcd
+        revision of the header it came from)."""
         self._rr = itertools.count()
         self._down: dict[str, float] = {}
 
@@ -31,7 +32,7 @@ class RouteCache:
         entry = self._routes.get(journal)
         if entry is None:
             return None
-        route, at, _ = entry
+        route, at = entry[0], entry[1]
         # Routes change only when the allocator moves a journal, but an old entry can
         # outlive every member it names; a TTL bounds how long we trust it.
         if time.monotonic() - at > self.ttl:
@@ -44,12 +45,30 @@ class RouteCache:
             return
         route, now = header.route, time.monotonic()
         entry = self._routes.get(journal)
-        if entry is not None and now - entry[1] < self.ttl / 2 and entry[0] == route:
+        revision = header.etcd.revision
+        if entry is not None and now - entry[1] < self.ttl / 2 and entry[3] == revision \
+                and entry[0] == route:
             return  # confirmed recently: an append's answer needs no bookkeeping
-        self._routes[journal] = (route, now, route.primary_endpoint)
+        self._routes[journal] = (route, now, route.primary_endpoint, revision)
         self._routes.move_to_end(journal)
         while len(self._routes) > self.max_entries:
             self._routes.popitem(last=False)
+
+    def revision(self, journal: str) -> int:
+        """The etcd revision of the header the journal's cached route came from (0:
+        none cached): an append names it, and an OK answer of that revision comes
+        without a header (AppendRequest.route_revision)."""
+        entry = self._routes.get(journal)
+        return entry[3] if entry is not None else 0
+
+    def confirm(self, journal: str) -> None:
+        """An OK answer without a header: the cached route is current (as of its
+        revision), so its TTL starts again."""
+        entry = self._routes.get(journal)
+        if entry is not None:
+            now = time.monotonic()
+            if now - entry[1] >= self.ttl / 2:
+                self._routes[journal] = (entry[0], now, entry[2], entry[3])
 
     def invalidate(self, journal: str) -> None:
         self._routes.pop(journal, None)
@@ -57,7 +76,7 @@ class RouteCache:
     def mark_down(self, endpoint: str) -> None:
         """An endpoint refused us; prefer others for a few seconds."""
         self._down[endpoint] = time.monotonic()
-        for journal in [j for j, (r, _, _) in self._routes.items() if endpoint in r.endpoints]:
+        for journal in [j for j, entry in self._routes.items() if endpoint in entry[0].endpoints]:
             del self._routes[journal]
 
     def _is_down(self, endpoint: str) -> bool:

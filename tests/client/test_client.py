@@ -285,3 +285,25 @@ async def test_from_store_reads_persisted_fragments_directly(tmp_path) -> None:
             # the client's second Read started where the stored fragment ended.
             requests = [r for r in broker.requests if type(r).__name__ == "ReadRequest"]
             assert requests[0].do_not_proxy and requests[-1].offset == len(old)
+
+
+def test_the_route_cache_names_its_revision_and_an_answer_without_header_confirms_it() -> None:
+    from protocol import Etcd, Header, ProcessId, Route
+    from quire.client.routes import RouteCache
+
+    routes = RouteCache(["127.0.0.1:1"], ttl=0.2)
+    assert routes.revision("a/b") == 0  # nothing cached: every answer carries a header
+    route = Route(members=(ProcessId(zone="z", suffix="p"),), primary=0,
+                  endpoints=("127.0.0.1:2",))
+    routes.update("a/b", Header(route=route, etcd=Etcd(revision=7)))
+    assert routes.revision("a/b") == 7 and routes.for_append("a/b") == "127.0.0.1:2"
+    routes.update("a/b", Header(route=route, etcd=Etcd(revision=9)))
+    assert routes.revision("a/b") == 9  # a newer revision of the same route is taken
+    at = routes._routes["a/b"][1]  # noqa: SLF001
+    routes.confirm("a/b")  # confirmed within ttl/2: nothing to do
+    assert routes._routes["a/b"][1] == at  # noqa: SLF001
+    deadline = time.monotonic() + 5
+    while time.monotonic() - at < 0.1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    routes.confirm("a/b")  # past ttl/2: the TTL starts again
+    assert routes._routes["a/b"][1] > at and routes.for_append("a/b") == "127.0.0.1:2"  # noqa: SLF001

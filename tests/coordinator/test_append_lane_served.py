@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from protocol import LabelSet, Status
+from quire.client import Client
 from tools.services import free_port
 
 from .cluster import Cluster, Conn, make_workdir, scrape_metric, serve_journal
@@ -47,6 +48,45 @@ async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_r
         # Loopback delivers each small append in one piece: the lane takes them all but
         # the FSM's own (allowing for a rare split delivery, which the FSM then serves).
         assert 15 <= whole <= 21, (ok, whole)
+    finally:
+        c.stop_all()
+        shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+async def test_an_ok_answer_omits_the_header_the_client_holds(etcd, etcd_root) -> None:  # noqa: ANN001
+    """AppendRequest.route_revision: an OK answer resolved at the revision of the
+    client's route comes without its header — on the lane and on the FSM alike —
+    while any other answer (an older revision, a failure) carries it."""
+    c = Cluster(etcd.url, etcd_root, make_workdir())
+    node = c.add("zone-0", "node-0")
+    try:
+        c.start(node)
+        await serve_journal(c, J, replication=1)
+        conn = await Conn.open(node.endpoint)
+        first = await conn.append(J, [b"a"])
+        assert first.status == Status.OK and first.header is not None
+        held, r = first.header, first
+        for _ in range(10):  # (etcd may move on meanwhile: then the answer says so)
+            r = await conn.append(J, [b"b"], route_revision=held.etcd.revision)
+            assert r.status == Status.OK
+            if r.header is None:
+                break
+            held = r.header
+        assert r.header is None and r.commit.end > first.commit.end
+        fsm = await conn.append(J, [b"c"], route_revision=held.etcd.revision,
+                                union_registers=LabelSet.of({"k": "v"}))  # the FSM's
+        assert fsm.status == Status.OK
+        assert fsm.header is None or fsm.header.etcd.revision != held.etcd.revision
+        older = await conn.append(J, [b"d"], route_revision=held.etcd.revision - 1)
+        assert older.status == Status.OK and older.header is not None
+        wrong = await conn.append(J, [b"e"], offset=1, route_revision=held.etcd.revision)
+        assert wrong.status == Status.WRONG_APPEND_OFFSET and wrong.header is not None
+        await conn.close()
+        async with Client([node.endpoint]) as client:  # names the revision it holds
+            for _ in range(3):
+                await client.append(J, b"f")
+            request = client._plain_requests[J][0]  # noqa: SLF001
+            assert request.route_revision == client.routes.revision(J) > 0
     finally:
         c.stop_all()
         shutil.rmtree(c.workdir, ignore_errors=True)
