@@ -105,11 +105,11 @@ class FrameStream:
         total = PREFIX_SIZE + hlen + plen
         if len(buf) < total:
             return None
-        with memoryview(buf) as view:  # copies out, so no export outlives this block
-            header = bytes(view[PREFIX_SIZE:PREFIX_SIZE + hlen])
+        with memoryview(buf) as view:  # no export outlives this block: decoded, copied out
+            message = decode_header(kind, view[PREFIX_SIZE:PREFIX_SIZE + hlen])
             payload = bytes(view[PREFIX_SIZE + hlen:total]) if plen else b""
         self._consume(buf, total)
-        return Frame(decode_header(kind, header), payload)
+        return Frame(message, payload)
 
     def _consume(self, buf: bytearray, n: int) -> None:
         """Drop `n` bytes taken from the reader's buffer, and let the transport read
@@ -180,10 +180,11 @@ class FrameStream:
         return fits
 
     async def read(self) -> Frame:
-        frame = self.read_buffered()
-        if frame is not None:
-            return frame
         reader = self.reader
+        if getattr(reader, "_buffer", None):  # (an empty buffer holds no frame yet)
+            frame = self.read_buffered()
+            if frame is not None:
+                return frame
         wait = getattr(reader, "_wait_for_data", None)
         if wait is not None:
             # One wake-up per frame: wait for more bytes until the whole frame is

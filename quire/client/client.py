@@ -206,9 +206,7 @@ class Client(MetadataCalls):
             else:
                 status = response.status
                 if status == Status.OK:
-                    if response.header is None:  # our route is current (route_revision)
-                        self.routes.confirm(journal)
-                    else:
+                    if response.header is not None:  # (None: our route is current)
                         self.routes.update(journal, response.header)
                     commit = response.commit
                     return AppendResult(journal=journal, begin=commit.begin if commit else 0,

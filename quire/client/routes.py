@@ -55,20 +55,14 @@ class RouteCache:
             self._routes.popitem(last=False)
 
     def revision(self, journal: str) -> int:
-        """The etcd revision of the header the journal's cached route came from (0:
-        none cached): an append names it, and an OK answer of that revision comes
-        without a header (AppendRequest.route_revision)."""
+        """The etcd revision of the header the journal's cached route came from, while
+        confirmed within half its TTL (else 0): an append names it, and an OK answer
+        of that revision comes without a header (AppendRequest.route_revision). Past
+        half the TTL an append asks for the header again, whose answer renews it."""
         entry = self._routes.get(journal)
-        return entry[3] if entry is not None else 0
-
-    def confirm(self, journal: str) -> None:
-        """An OK answer without a header: the cached route is current (as of its
-        revision), so its TTL starts again."""
-        entry = self._routes.get(journal)
-        if entry is not None:
-            now = time.monotonic()
-            if now - entry[1] >= self.ttl / 2:
-                self._routes[journal] = (entry[0], now, entry[2], entry[3])
+        if entry is None or time.monotonic() - entry[1] >= self.ttl / 2:
+            return 0
+        return entry[3]
 
     def invalidate(self, journal: str) -> None:
         self._routes.pop(journal, None)

@@ -287,7 +287,7 @@ async def test_from_store_reads_persisted_fragments_directly(tmp_path) -> None:
             assert requests[0].do_not_proxy and requests[-1].offset == len(old)
 
 
-def test_the_route_cache_names_its_revision_and_an_answer_without_header_confirms_it() -> None:
+def test_the_route_cache_names_its_revision_while_it_is_fresh() -> None:
     from protocol import Etcd, Header, ProcessId, Route
     from quire.client.routes import RouteCache
 
@@ -300,10 +300,10 @@ def test_the_route_cache_names_its_revision_and_an_answer_without_header_confirm
     routes.update("a/b", Header(route=route, etcd=Etcd(revision=9)))
     assert routes.revision("a/b") == 9  # a newer revision of the same route is taken
     at = routes._routes["a/b"][1]  # noqa: SLF001
-    routes.confirm("a/b")  # confirmed within ttl/2: nothing to do
-    assert routes._routes["a/b"][1] == at  # noqa: SLF001
     deadline = time.monotonic() + 5
     while time.monotonic() - at < 0.1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    routes.confirm("a/b")  # past ttl/2: the TTL starts again
-    assert routes._routes["a/b"][1] > at and routes.for_append("a/b") == "127.0.0.1:2"  # noqa: SLF001
+    # Past half the TTL: appends ask for the header again, and its answer renews it.
+    assert routes.revision("a/b") == 0 and routes.for_append("a/b") == "127.0.0.1:2"
+    routes.update("a/b", Header(route=route, etcd=Etcd(revision=9)))
+    assert routes.revision("a/b") == 9 and routes._routes["a/b"][1] > at  # noqa: SLF001
