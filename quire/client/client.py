@@ -88,7 +88,7 @@ def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
 class Client(MetadataCalls):
     def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
                  rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
-                 max_idle: int = 8, token: TokenSource | None = None,
+                 max_idle: int = 64, token: TokenSource | None = None,
                  ssl: SSLContext | None = None) -> None:
         """`token`: the capability token every connection presents, or a callable giving
         the current one (protocol.auth.TokenFile); default $QUIRE_TOKEN, else a TokenFile

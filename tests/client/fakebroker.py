@@ -70,6 +70,8 @@ class FakeBroker:
         """Fragments handed out by URL on reads (fragment, url)."""
         self.appends: list[tuple[str, bytes]] = []
         self.requests: list[object] = []
+        self.hellos = 0
+        """Connections opened (each says Hello once)."""
         self._changed = asyncio.Condition()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -114,6 +116,7 @@ class FakeBroker:
         try:
             hello = await stream.read()
             assert isinstance(hello.message, Hello)
+            self.hellos += 1
             await stream.send(HelloAck(process_id=self.id))
             while True:
                 frame = await stream.read()

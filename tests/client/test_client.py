@@ -41,6 +41,23 @@ async def test_append_and_read_roundtrip() -> None:
             assert await client.write_head("topic/part-000") == 12
 
 
+async def test_bursts_of_concurrent_appends_reuse_their_connections() -> None:
+    """As many connections as appends in flight, opened once: between bursts the pool
+    keeps them all (the old max_idle of 8 closed 24 of them after each burst, and the
+    next burst paid a connect and a Hello round trip on 24 appends' paths)."""
+    async with running() as broker:
+        broker.create("topic/pool")
+        async with Client([broker.endpoint]) as client:
+            async def appender() -> None:
+                for _ in range(5):
+                    await client.append("topic/pool", b"x")
+
+            for _ in range(3):  # three bursts, each of 32 appends in flight
+                await asyncio.gather(*(appender() for _ in range(32)))
+        assert len(broker.appends) == 480
+        assert broker.hellos <= 32, broker.hellos
+
+
 async def test_append_streams_large_bodies_in_chunks() -> None:
     async with running() as broker:
         broker.create("big/journal")
