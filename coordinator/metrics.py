@@ -2,8 +2,8 @@
 
 Successful appends are counted in `HOT` (plain numbers) and folded into
 quire_appends_total{status="OK"}, quire_append_bytes_total,
-quire_append_latency_seconds and quire_appends_whole_total at scrape time; every other figure is a metric
-updated in place."""
+quire_append_latency_seconds, quire_appends_whole_total and quire_lane_commits_total at
+scrape time; every other figure is a metric updated in place."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class HotPath:
     keeps what it already folded in, so nothing is ever reset under a writer.
     """
 
-    __slots__ = ("ok", "bytes", "lat_counts", "lat_sum", "whole", "_bounds", "_done")
+    __slots__ = ("ok", "bytes", "lat_counts", "lat_sum", "whole", "commits", "_bounds", "_done")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.ok = 0
@@ -34,7 +34,10 @@ class HotPath:
         self.lat_sum = 0.0
         self.whole = 0
         """Of them, appends the whole-append lane served (append_lane.py)."""
-        self._done: tuple[int, int, list[int], float, int] = (0, 0, [0] * len(bounds), 0.0, 0)
+        self.commits = 0
+        """Commits the lane sent: each covers the lane appends of one loop turn."""
+        self._done: tuple[int, int, list[int], float, int, int] = \
+            (0, 0, [0] * len(bounds), 0.0, 0, 0)
 
     def appended(self, nbytes: int, latency: float, whole: bool = False) -> None:
         """One append answered OK: `nbytes` committed, `latency` seconds since its
@@ -47,9 +50,10 @@ class HotPath:
 
     def fold(self) -> None:
         """Add what happened since the last fold to the Prometheus metrics."""
-        ok, nbytes, lat_sum, whole = self.ok, self.bytes, self.lat_sum, self.whole
+        ok, nbytes, lat_sum, whole, commits = (self.ok, self.bytes, self.lat_sum, self.whole,
+                                               self.commits)
         counts = list(self.lat_counts)
-        done_ok, done_bytes, done_counts, done_sum, done_whole = self._done
+        done_ok, done_bytes, done_counts, done_sum, done_whole, done_commits = self._done
         if ok != done_ok:
             APPENDS.labels("OK").inc(ok - done_ok)
         if nbytes != done_bytes:
@@ -61,7 +65,9 @@ class HotPath:
             APPEND_LATENCY._sum.inc(lat_sum - done_sum)  # noqa: SLF001
         if whole != done_whole:
             APPENDS_WHOLE.inc(whole - done_whole)
-        self._done = (ok, nbytes, counts, lat_sum, whole)
+        if commits != done_commits:
+            LANE_COMMITS.inc(commits - done_commits)
+        self._done = (ok, nbytes, counts, lat_sum, whole, commits)
 
     def collect(self):  # noqa: ANN201 - the prometheus Collector protocol
         self.fold()
@@ -81,6 +87,10 @@ APPENDS_WHOLE = Counter("quire_appends_whole_total",
                         "Successful appends served by the whole-append lane (a plain append "
                         "that arrived whole on an idle synchronized pipeline; the rest took "
                         "the append FSM).")
+LANE_COMMITS = Counter("quire_lane_commits_total",
+                       "Commits sent by the whole-append lane: each covers the lane appends "
+                       "of one journal in one event-loop turn (group commit), so "
+                       "quire_appends_whole_total / this is the mean appends per commit.")
 APPENDS_IN_FLIGHT = Gauge("quire_appends_in_flight", "Append RPCs currently being served.")
 PIPELINE_REBUILDS = Counter("quire_pipeline_rebuilds_total", "Replication pipelines (re)built.")
 SPOOL_BYTES = Gauge("quire_spool_bytes", "Committed bytes in open spools plus closed local fragments.")

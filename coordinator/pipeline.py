@@ -167,12 +167,14 @@ class Pipeline:
 
     # -- receive side -----------------------------------------------------------------
 
-    def ticket(self, must_ok: bool = False) -> asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]:
+    def ticket(self, must_ok: bool = False, fut: asyncio.Future | None = None
+               ) -> asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]:
         """A future of the peers' answers to the proposal just sent (call under the send
         lock, right after sending it). `must_ok`: any non-OK answer breaks the pipeline
-        (commits and rollbacks; a sync proposal's answers are the FSM's to judge)."""
-        fut: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]] = \
-            asyncio.get_running_loop().create_future()
+        (commits and rollbacks; a sync proposal's answers are the FSM's to judge).
+        `fut`: resolve this future (made earlier, e.g. by a group commit) instead."""
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
         if self.broken is not None:
             fut.set_exception(PipelineBroken(f"pipeline broken: {self.broken!r}"))
         elif not self._streams:

@@ -87,18 +87,32 @@ class LocalFragment:
     file: SpoolFile | None
 
 
+class PipelineLock(asyncio.Lock):
+    """The pipeline's send-side lock, which the whole-append lane can also take without
+    awaiting (append_lane.py: a group commit holds it from its first append to the end
+    of the loop turn)."""
+
+    def try_acquire(self) -> bool:
+        """Take the lock now if it is free and nobody waits for it (an awaited acquire()
+        would return at once then); else False, and nothing changes."""
+        if self._locked or self._waiters:  # (asyncio.Lock's own state, as acquire() reads it)
+            return False
+        self._locked = True
+        return True
+
+
 class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
                  "_pulse_pending", "resolution", "limiter", "stream",
-                 "synced_end", "exposed_end", "lane")
+                 "synced_end", "exposed_end", "lane", "batch")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
         self.journal = journal
         self.spool = Spool(journal, files=files, observer=self)
         self.spool_lock = asyncio.Lock()
-        self.pipeline_lock = asyncio.Lock()
+        self.pipeline_lock = PipelineLock()
         self.pipeline = None  # a pipeline.Pipeline while we are primary and synced
         self.head = 0
         """Published write head: readers see bytes below it (and nothing beyond)."""
@@ -116,6 +130,9 @@ class Replica:
         self.lane: tuple[object, object] | None = None
         """(resolution, pipeline) the whole-append lane last found its route checks true
         for (append_lane.py): they hold while both are the same objects."""
+        self.batch = None
+        """The lane's open group commit (append_lane.Batch), from its first append to
+        the end of that loop turn; it holds pipeline_lock meanwhile."""
         self.limiter: RateLimiter | None = None
         """The journal's max_append_rate bucket (only while the spec sets one)."""
         self.synced_end = 0

@@ -250,9 +250,13 @@ class _Pipeline:
         if self.break_at == "drain" and self.commits:
             raise self._break("peer reset while draining the commit")
 
-    def ticket(self, must_ok: bool = False):  # noqa: ANN201
-        fut = asyncio.get_running_loop().create_future()
-        if self.ack_error is not None:
+    def ticket(self, must_ok: bool = False, fut=None):  # noqa: ANN001, ANN201
+        fut = fut if fut is not None else asyncio.get_running_loop().create_future()
+        if self.break_at == "drain" and self.commits:
+            # The peer reset after the commit: its reader fails as its writer does.
+            fut.set_exception(self._break("peer reset while draining the commit"))
+            fut.exception()  # (the FSM's failed drain already decided: it never awaits it)
+        elif self.ack_error is not None:
             fut.set_exception(self.ack_error)
         else:
             fut.set_result([])

@@ -4,11 +4,12 @@ a guard against the lane silently never being used — nothing else would fail t
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pytest
 
-from protocol import LabelSet, Status
+from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, LabelSet, Status
 from quire.client import Client
 from tools.services import free_port
 
@@ -48,6 +49,24 @@ async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_r
         # Loopback delivers each small append in one piece: the lane takes them all but
         # the FSM's own (allowing for a rare split delivery, which the FSM then serves).
         assert 15 <= whole <= 21, (ok, whole)
+        # Sixteen connections' appends sent at once: the lane commits several together.
+        commits0, whole0 = _metric(mport, "quire_lane_commits_total"), whole + whole0
+        conns = [await Conn.open(node.endpoint) for _ in range(16)]
+        for round_ in range(5):
+            for i, k in enumerate(conns):
+                k.s.write(AppendRequest(journal=J))
+                k.s.write(AppendChunk(), b"%d-%02d\n" % (round_, i))
+                k.s.write(AppendCommit())
+            for k in conns:
+                k.s.flush()  # (each one send, now)
+            for k in conns:
+                msg, _ = await asyncio.wait_for(k.s.read_message(AppendResponse), 30.0)
+                assert msg.status == Status.OK
+        for k in conns:
+            await k.close()
+        commits = _metric(mport, "quire_lane_commits_total") - commits0
+        whole = _metric(mport, "quire_appends_whole_total") - whole0
+        assert 0 < commits < whole <= 80, (commits, whole)
     finally:
         c.stop_all()
         shutil.rmtree(c.workdir, ignore_errors=True)
