@@ -13,12 +13,18 @@ one `pwrite` each. A read, truncate, seal or discard writes what is held first, 
 (replicate_api.py), the primary before it resolves a commit's ticket (pipeline.py), so
 nothing is acknowledged that has not reached the page cache. A write that fails is
 kept and raised by the next write, read, flush or seal.
+
+A big write (`OVERLAP` and up: a large append's chunk) goes to a writer thread instead,
+so that its copy into the page cache overlaps the SHA-1 the spool folds the same bytes
+into (both release the GIL); the same barriers wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +38,21 @@ WRITE_BEHIND = 1 << 20
 one that would go past it, writes what is held first)."""
 _IOV_MAX = 1024
 """Buffers per pwritev (Linux's IOV_MAX)."""
+OVERLAP = 256 << 10
+"""Writes of at least this many bytes go to the writer thread (module docstring)."""
+
+_writer: ThreadPoolExecutor | None = None
+_writer_lock = threading.Lock()
+
+
+def _writer_thread() -> ThreadPoolExecutor:
+    """The process's one spool writer thread (started at the first big write)."""
+    global _writer
+    if _writer is None:
+        with _writer_lock:
+            if _writer is None:
+                _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spool-writer")
+    return _writer
 
 
 class SpoolFile(Protocol):
@@ -106,8 +127,17 @@ class DiskFile:
         self._failed: OSError | None = None
         self._failed_at = 0
         """Where the failed write began: a truncate to there or below cuts it off."""
+        self._writing: tuple[int, Future[None]] | None = None
+        """(offset, its future) of the big write the writer thread has in hand."""
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        if self._writing is not None:
+            self._join()
+        if len(data) >= OVERLAP:
+            self.flush()  # (what is held goes first, and a failure is raised here)
+            data = data if type(data) is bytes else bytes(data)
+            self._writing = (offset, _writer_thread().submit(self._write, offset, data))
+            return
         held = self._held
         if held:
             if offset == self._end and len(held) < _IOV_MAX \
@@ -127,7 +157,24 @@ class DiskFile:
         self._at, self._end = offset, offset + len(data)
         loop.call_soon(self._flush_at_turn_end)
 
+    def _join(self) -> None:
+        """Wait for the writer thread's write; a failure becomes this file's."""
+        writing, self._writing = self._writing, None
+        assert writing is not None
+        try:
+            writing[1].result()
+        except OSError as exc:
+            self._fail(writing[0], exc)
+            raise
+
+    def _fail(self, at: int, exc: OSError) -> None:
+        if self._failed is None or at < self._failed_at:
+            self._failed_at = at
+        self._failed = exc
+
     def flush(self) -> None:
+        if self._writing is not None:
+            self._join()
         held = self._held
         if not held:
             if self._failed is not None:
@@ -142,9 +189,7 @@ class DiskFile:
                 if n < self._end - self._at:
                     self._write(self._at + n, b"".join(held)[n:])
         except OSError as exc:
-            if self._failed is None or self._at < self._failed_at:
-                self._failed_at = self._at
-            self._failed = exc
+            self._fail(self._at, exc)
             raise
 
     def _flush_at_turn_end(self) -> None:
@@ -172,6 +217,8 @@ class DiskFile:
         # Only a rollback truncates, and only the uncommitted tail; a recycled file may
         # hold stale bytes further out, which no reader can see (reads stop at the
         # committed end) and seal() cuts off.
+        if self._writing is not None:
+            self._join()
         if self._held:
             if size <= self._at:
                 self._held = []  # all cut off: nothing to write
@@ -197,6 +244,11 @@ class DiskFile:
         if self._fd < 0:
             return
         self._held = []  # released for good: nothing will read them
+        if self._writing is not None:
+            try:  # the fd must not be closed or reused under the writer thread
+                self._join()
+            except OSError:
+                pass
         fd, path, self._fd, self.path = self._fd, self.path, -1, None
         if self._files is not None and path and self._files.recycle(fd, path):
             return

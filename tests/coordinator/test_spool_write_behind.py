@@ -156,3 +156,26 @@ async def test_the_primary_acknowledges_only_what_reached_its_file(tmp_path, pee
         for server in servers:
             server.close()
             await server.wait_closed()
+
+
+def test_a_big_write_overlaps_the_hash_and_the_barriers_wait_for_it(tmp_path) -> None:  # noqa: ANN001
+    from coordinator.spool_files import OVERLAP
+
+    files = DiskFiles(tmp_path)
+    spool = Spool(J, files=files)
+    big = os.urandom(OVERLAP)
+    spool.apply_content(0, big)  # its pwrite runs in the writer thread meanwhile
+    spool.apply_proposal(spool.commit_proposal())
+    assert spool.read_committed(0, OVERLAP) == big  # a read waits for it
+    spool.apply_content(0, memoryview(bytearray(big)))  # (not bytes: copied first)
+    spool.flush()  # the acknowledgement barrier waits for it too
+    assert _on_file(spool.file.path) == big + big
+    spool.apply_proposal(spool.commit_proposal())
+    _break_writes(spool.file)
+    spool.apply_content(0, big)  # fails in the writer thread...
+    with pytest.raises(OSError):
+        spool.flush()  # ...and the barrier raises it
+    with pytest.raises(OSError, match="earlier write"):
+        spool.read_committed(0, 10)
+    spool.file.discard()
+    files.close()
