@@ -17,7 +17,8 @@ from protocol import AppendRequest, LabelSet, Status
 from coordinator.append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, State
 from coordinator.replica import Replica
 from coordinator.spool import MemoryFiles
-from tests.coordinator.test_append_fsm import J, _Pipeline, _Source, run_owned
+from tests.coordinator.test_append_fsm import J, _Source, run_owned
+from tests.coordinator.fake_pipeline import FakePipeline
 
 
 class _Arriving(_Source):
@@ -44,7 +45,7 @@ class _Arriving(_Source):
         return await super().next_chunk()
 
 
-async def _append(replica: Replica, pln: _Pipeline, source: _Source,
+async def _append(replica: Replica, pln: FakePipeline, source: _Source,
                   union: LabelSet | None = None) -> AppendFSM:
     """One append from VALIDATE_PRECONDITIONS on an owned, synchronized pipeline."""
     return await run_owned(replica, pln, AppendRequest(journal=J, union_registers=union), source)
@@ -61,7 +62,7 @@ async def _run_both(prior: bytes, content: bytes, cuts: list[int], arrived: list
     out = []
     for fast in (False, True):
         replica = Replica(J, MemoryFiles())
-        pln = _Pipeline(replica)
+        pln = FakePipeline(replica)
         first = await _append(replica, pln, _Source(prior, None) if prior else _Source(None))
         assert first.state is State.FINISHED
         chunks = _chunks(content, cuts)
@@ -111,7 +112,7 @@ def test_buffered_frames_write_what_one_at_a_time_writes(prior, content, cuts, a
 async def test_whole_append_in_the_buffer_takes_no_awaited_chunk() -> None:
     replica = Replica(J, MemoryFiles())
     source = _Arriving([b"one ", b"two\n", None], [True, True, True])
-    fsm = await _append(replica, _Pipeline(replica), source)
+    fsm = await _append(replica, FakePipeline(replica), source)
     assert fsm.state is State.FINISHED and source.taken_buffered == 3
     assert (fsm.commit.begin, fsm.commit.end) == (0, 8) and replica.head == 8
 
@@ -120,13 +121,13 @@ async def test_peer_failure_mid_append_on_buffered_frames_is_definite_and_rolls_
     # A peer write fails on a buffered chunk: nothing commits, the answer is definite
     # (UNAVAILABLE), the commit never leaves and nothing is published.
     replica = Replica(J, MemoryFiles())
-    pln = _Pipeline(replica, break_at="content")
+    pln = FakePipeline(replica, break_at="content")
     fsm = await _append(replica, pln, _Arriving([b"part 1", b"part 2\n", None], [True] * 3))
     assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE
     assert not fsm.commit_sent and pln.commits == 0 and replica.head == 0
     # Broken after the last buffered chunk, before the commit: the commit never leaves.
     replica = Replica(J, MemoryFiles())
-    pln = _Pipeline(replica, break_at="before-commit")
+    pln = FakePipeline(replica, break_at="before-commit")
     fsm = await _append(replica, pln, _Arriving([b"record\n", None], [True, True]))
     assert fsm.state is State.ERROR and fsm.status == Status.UNAVAILABLE and not fsm.commit_sent
     assert pln.commits == 0 and replica.head == 0
@@ -134,7 +135,7 @@ async def test_peer_failure_mid_append_on_buffered_frames_is_definite_and_rolls_
 
 async def test_client_abort_in_the_buffer_rolls_back() -> None:
     replica = Replica(J, MemoryFiles())
-    pln = _Pipeline(replica)
+    pln = FakePipeline(replica)
     fsm = await _append(replica, pln, _Arriving([b"x", AppendAborted("client aborted: bye")],
                                                 [True, True]))
     assert fsm.state is State.ERROR and fsm.status == Status.ABORTED and not fsm.commit_sent

@@ -178,6 +178,7 @@ from coordinator.append_rules import decide_broken  # noqa: E402
 from coordinator.pipeline import PipelineBroken  # noqa: E402
 from coordinator.replica import Replica  # noqa: E402
 from coordinator.spool import MemoryFiles  # noqa: E402
+from tests.coordinator.fake_pipeline import FakePipeline  # noqa: E402
 
 
 def test_decide_broken_is_commit_unknown_only_after_the_commit() -> None:
@@ -204,72 +205,10 @@ class _Source:
         pass
 
 
-class _Pipeline:
-    """The send/receive surface of coordinator.pipeline.Pipeline over a real spool, with
-    a fault injected at one point: `break_at` = "content" (a peer write fails on a
-    content chunk), "before-commit" (the pipeline is already broken when the commit
-    comes), "commit" (writing the commit to the peers fails after the local spool
-    adopted it), "drain" (draining after the commit fails); `ack_error` fails the
-    ticket (READ_ACKNOWLEDGEMENTS: a reset, an ACK_TIMEOUT, a non-OK answer)."""
-
-    def __init__(self, replica: Replica, break_at: str = "", ack_error: BaseException | None = None) -> None:
-        self.spool = replica.spool
-        self.broken: BaseException | None = None
-        self.break_at = break_at
-        self.ack_error = ack_error
-        self.peers_got: list[object] = []
-        self.commits = 0
-        """Commit proposals (ones that extend the fragment by pending content) sent."""
-
-    def _break(self, why: str) -> PipelineBroken:
-        self.broken = PipelineBroken(why)
-        return self.broken
-
-    def send_content(self, data) -> None:  # noqa: ANN001
-        if self.broken is not None:
-            raise PipelineBroken("pipeline broken")
-        self.spool.apply_content(self.spool.delta, data)
-        if self.break_at == "content":
-            raise self._break("peer reset while streaming content")
-        if self.break_at == "before-commit":
-            self._break("peer reset after the last chunk")
-        self.peers_got.append(bytes(data))
-
-    def send_proposal(self, prop, first: bool = False):  # noqa: ANN001, ANN201
-        if self.broken is not None:
-            raise PipelineBroken(f"pipeline broken: {self.broken!r}")
-        is_commit = self.spool.delta > 0 and prop.proposal.end > self.spool.end
-        local = self.spool.apply_proposal(prop, primary=True)
-        self.commits += is_commit
-        if self.break_at == "commit" and is_commit:
-            raise self._break("peer reset while writing the commit")
-        self.peers_got.append(prop)
-        return local
-
-    async def drain(self) -> None:
-        if self.break_at == "drain" and self.commits:
-            raise self._break("peer reset while draining the commit")
-
-    def ticket(self, must_ok: bool = False, fut=None):  # noqa: ANN001, ANN201
-        fut = fut if fut is not None else asyncio.get_running_loop().create_future()
-        if self.break_at == "drain" and self.commits:
-            # The peer reset after the commit: its reader fails as its writer does.
-            fut.set_exception(self._break("peer reset while draining the commit"))
-            fut.exception()  # (the FSM's failed drain already decided: it never awaits it)
-        elif self.ack_error is not None:
-            fut.set_exception(self.ack_error)
-        else:
-            fut.set_result([])
-        return fut
-
-    async def gather_ok(self, ticket):  # noqa: ANN001, ANN201
-        return await ticket
-
-
-async def _stream(source: _Source, **faults) -> tuple[AppendFSM, _Pipeline, Replica]:  # noqa: ANN003
+async def _stream(source: _Source, **faults) -> tuple[AppendFSM, FakePipeline, Replica]:  # noqa: ANN003
     """Run an FSM from STREAM_CONTENT on an owned, synchronized pipeline to its end."""
     replica = Replica(J, MemoryFiles())
-    pln = _Pipeline(replica, **faults)
+    pln = FakePipeline(replica, **faults)
     fsm = AppendFSM(SimpleNamespace(), AppendRequest(journal=J), source)
     fsm.res = SimpleNamespace(spec=SPEC, header=Header(route=ROUTE, etcd=Etcd(revision=5)))
     fsm.replica, fsm.pipeline = replica, pln
@@ -407,7 +346,7 @@ async def test_proxy_failure_before_forwarding_the_commit_is_definite() -> None:
 
 # -- exactly-once (append_eo.py) ---------------------------------------------------------
 
-async def _identified(replica: Replica, pln: _Pipeline, txn: int, *chunks: bytes,
+async def _identified(replica: Replica, pln: FakePipeline, txn: int, *chunks: bytes,
                       close: bool = False) -> AppendFSM:
     """Run an identified append from VALIDATE_PRECONDITIONS on an owned pipeline."""
     req = AppendRequest(journal=J, producer="w", generation=1, history=1, txn=txn,
@@ -415,7 +354,7 @@ async def _identified(replica: Replica, pln: _Pipeline, txn: int, *chunks: bytes
     return await run_owned(replica, pln, req, _Source(*chunks, None))
 
 
-async def run_owned(replica: Replica, pln: _Pipeline, req: AppendRequest,
+async def run_owned(replica: Replica, pln: FakePipeline, req: AppendRequest,
                     source: _Source) -> AppendFSM:
     """Run `req` from VALIDATE_PRECONDITIONS on an owned, synchronized pipeline."""
     fsm = AppendFSM(SimpleNamespace(), req, source)
@@ -431,7 +370,7 @@ async def run_owned(replica: Replica, pln: _Pipeline, req: AppendRequest,
 
 async def test_fsm_resent_txn_is_answered_with_the_original_commit() -> None:
     replica = Replica(J, MemoryFiles())
-    pln = _Pipeline(replica)
+    pln = FakePipeline(replica)
     first = await _identified(replica, pln, 1, b"once\n")
     assert first.state is State.FINISHED and (first.commit.begin, first.commit.end) == (0, 5)
     mark = pln.peers_got[-1].mark  # the mark rode on the commit proposal

@@ -33,10 +33,11 @@ from coordinator.pipeline import PipelineBroken
 from coordinator.replica import Replica
 from coordinator.resolver import Resolution
 from coordinator.spool import MemoryFiles
-from tests.coordinator.test_append_fsm import J, ROUTE, SPEC, _Pipeline, _Source
+from tests.coordinator.test_append_fsm import J, ROUTE, SPEC, _Source
+from tests.coordinator.fake_pipeline import FakePipeline
 
 
-class _LanePipeline(_Pipeline):
+class _LanePipeline(FakePipeline):
     """The fake pipeline, synchronized on ROUTE, as the lane finds a live one."""
 
     route = ROUTE
@@ -84,7 +85,7 @@ async def _by_lane(broker: SimpleNamespace, chunks: list[bytes],
     return await finish(lane)
 
 
-def _observed(replica: Replica, pln: _Pipeline, commit, registers, status):  # noqa: ANN001, ANN202
+def _observed(replica: Replica, pln: FakePipeline, commit, registers, status):  # noqa: ANN001, ANN202
     spool = replica.spool
     return SimpleNamespace(
         status=status, commit=commit, registers=registers, head=replica.head,
@@ -100,7 +101,7 @@ def _chunks(content: bytes, cuts: list[int]) -> list[bytes]:
     return [content[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-async def _fsm(replica: Replica, pln: _Pipeline, chunks: list[bytes]) -> AppendFSM:
+async def _fsm(replica: Replica, pln: FakePipeline, chunks: list[bytes]) -> AppendFSM:
     """An append through the FSM from VALIDATE_PRECONDITIONS, on the replica's resolution
     (as test_append_fsm.run_owned, whose resolution is always SPEC's)."""
     fsm = AppendFSM(SimpleNamespace(), AppendRequest(journal=J), _Source(*chunks, None))

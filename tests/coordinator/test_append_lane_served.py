@@ -5,7 +5,6 @@ a guard against the lane silently never being used — nothing else would fail t
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
@@ -13,7 +12,7 @@ from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, L
 from quire.client import Client
 from tools.services import free_port
 
-from .cluster import Cluster, Conn, make_workdir, scrape_metric, serve_journal
+from .cluster import Conn, running, scrape_metric, serve_journal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,10 +25,8 @@ def _metric(port: int, name: str, labels: str = "") -> float:
 
 async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_root) -> None:  # noqa: ANN001
     mport = free_port()
-    c = Cluster(etcd.url, etcd_root, make_workdir(), extra=["--metrics-port", str(mport)])
-    node = c.add("zone-0", "node-0")
-    try:
-        c.start(node)
+    with running(etcd.url, etcd_root, 1, extra=["--metrics-port", str(mport)]) as c:
+        node = c.nodes[0]
         await serve_journal(c, J, replication=1)
         conn = await Conn.open(node.endpoint)
         ok0, whole0 = (_metric(mport, "quire_appends_total", '{status="OK"}'),
@@ -67,19 +64,14 @@ async def test_plain_whole_appends_take_the_lane_and_others_the_fsm(etcd, etcd_r
         commits = _metric(mport, "quire_lane_commits_total") - commits0
         whole = _metric(mport, "quire_appends_whole_total") - whole0
         assert 0 < commits < whole <= 80, (commits, whole)
-    finally:
-        c.stop_all()
-        shutil.rmtree(c.workdir, ignore_errors=True)
 
 
 async def test_an_ok_answer_omits_the_header_the_client_holds(etcd, etcd_root) -> None:  # noqa: ANN001
     """AppendRequest.route_revision: an OK answer resolved at the revision of the
     client's route comes without its header — on the lane and on the FSM alike —
     while any other answer (an older revision, a failure) carries it."""
-    c = Cluster(etcd.url, etcd_root, make_workdir())
-    node = c.add("zone-0", "node-0")
-    try:
-        c.start(node)
+    with running(etcd.url, etcd_root, 1) as c:
+        node = c.nodes[0]
         await serve_journal(c, J, replication=1)
         conn = await Conn.open(node.endpoint)
         first = await conn.append(J, [b"a"])
@@ -106,6 +98,3 @@ async def test_an_ok_answer_omits_the_header_the_client_holds(etcd, etcd_root) -
                 await client.append(J, b"f")
             request = client._plain_requests[J][0]  # noqa: SLF001
             assert request.route_revision == client.routes.revision(J) > 0
-    finally:
-        c.stop_all()
-        shutil.rmtree(c.workdir, ignore_errors=True)

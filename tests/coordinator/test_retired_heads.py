@@ -10,8 +10,6 @@ persisted, forgotten — its replicas of a consumer's recovery log."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 
 import msgspec
@@ -21,7 +19,7 @@ from protocol import ApplyChange, ApplyRequest, ApplyResponse, Status
 from protocol.fragment import Codec, Fragment
 from tools.services import free_port
 
-from .cluster import Cluster, Conn, make_workdir, scrape_metric, serve_journal, spec, wait_appendable
+from .cluster import Conn, running, scrape_metric, serve_journal, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,11 +42,9 @@ async def _until(pred, what: str, timeout: float = 30.0) -> None:  # noqa: ANN00
 async def test_a_journal_assigned_again_resumes_at_the_forgotten_replicas_head(
         etcd, etcd_root, redis_db) -> None:  # noqa: ANN001
     mport = free_port()
-    c = Cluster(etcd.url, etcd_root, make_workdir(),
-                extra=["--redis", redis_db.url, "--metrics-port", str(mport)])
-    node = c.add("zone-0", "node-0")
-    try:
-        c.start(node)
+    with running(etcd.url, etcd_root, 1,
+                 extra=["--redis", redis_db.url, "--metrics-port", str(mport)]) as c:
+        node = c.nodes[0]
         await serve_journal(c, J, replication=1)
         conn = await Conn.open(node.endpoint)
         r = await conn.append(J, [b"written before the journal went away\n"])
@@ -77,7 +73,3 @@ async def test_a_journal_assigned_again_resumes_at_the_forgotten_replicas_head(
         r = await conn.append(J, [b"and after\n"])
         assert r.status == Status.OK and r.commit.begin == end, r
         await conn.close()
-    finally:
-        c.stop_all()
-        if not os.environ.get("QUIRE_KEEP_WORKDIR"):
-            shutil.rmtree(c.workdir, ignore_errors=True)
