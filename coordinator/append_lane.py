@@ -63,12 +63,16 @@ class Batch:
         self.delta = 0
         """Content bytes its appends put on the spool (the spool's delta)."""
         self.appends = 0
-        self.done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[Any] = loop.create_future()
         """The commit's ticket: resolved once every peer acknowledged it."""
         self.error: Decision | None = None
         """Set if the commit failed to leave (or the local spool refused it)."""
         self.failed: BaseException | None = None
         """An append of the batch failed while streaming: the batch must not commit."""
+        # The commit, at the end of this turn: scheduled before the first append's
+        # content is queued on the peer streams, so it joins that content's write.
+        loop.call_soon(_commit, self)
 
 
 class Lane:
@@ -133,8 +137,7 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
         return None
     batch: Batch | None = replica.batch
     if batch is None:
-        lock = replica.pipeline_lock
-        if lock.locked() or getattr(lock, "_waiters", None):
+        if not replica.pipeline_lock.free():
             return None  # an append holds or awaits the pipeline: queue behind it (FSM)
     elif batch.pipeline is not pln or batch.res is not res or batch.failed is not None:
         return None  # (the batch's commit, at the turn's end, sorts it out: FSM meanwhile)
@@ -157,12 +160,9 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
     if chunks is None:
         return None  # not all here yet (or not a plain chunk run): FSM
     if batch is None:
-        if not replica.pipeline_lock.try_acquire():
-            return None  # (cannot happen: checked above, nothing awaited since)
+        taken = replica.pipeline_lock.try_acquire()
+        assert taken, "the pipeline lock was free above, and nothing was awaited since"
         batch = replica.batch = Batch(replica, pln, res)
-        # Scheduled before this append's content is queued on the peer streams: the
-        # commit joins it in the same write at the end of the turn.
-        asyncio.get_running_loop().call_soon(_commit, batch)
     return _stream(req, res, replica, pln, chunks, batch, roll)
 
 

@@ -92,10 +92,13 @@ class PipelineLock(asyncio.Lock):
     awaiting (append_lane.py: a group commit holds it from its first append to the end
     of the loop turn)."""
 
+    def free(self) -> bool:
+        """Unlocked and nobody waits for it: an awaited acquire() would return at once."""
+        return not self._locked and not self._waiters  # (asyncio.Lock's own state)
+
     def try_acquire(self) -> bool:
-        """Take the lock now if it is free and nobody waits for it (an awaited acquire()
-        would return at once then); else False, and nothing changes."""
-        if self._locked or self._waiters:  # (asyncio.Lock's own state, as acquire() reads it)
+        """Take the lock now if it is free(); else False, and nothing changes."""
+        if not self.free():
             return False
         self._locked = True
         return True

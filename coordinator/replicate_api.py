@@ -132,8 +132,10 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         conn.before_flush = None
         if replica.stream is not None and replica.stream[1] is conn:
             replica.stream = None
-        spool.rollback()
-        replica.spool_lock.release()
+        try:
+            spool.rollback()  # (may raise a failed spool write: the lock goes all the same)
+        finally:
+            replica.spool_lock.release()
         poke = getattr(getattr(broker, "topology", None), "poke", None)
         if poke is not None:
             poke()  # hosting re-evaluates (a replica no longer assigned may now retire)

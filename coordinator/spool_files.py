@@ -34,8 +34,8 @@ from protocol import Fragment
 __all__ = ["DiskFile", "DiskFiles", "FileFactory", "MemoryFile", "MemoryFiles", "SpoolFile"]
 
 WRITE_BEHIND = 1 << 20
-"""At most this many bytes are held for the end of the loop turn (a bigger write, or
-one that would go past it, writes what is held first)."""
+"""At most this many bytes are held for the end of the loop turn (a write that would go
+past it writes what is held first)."""
 _IOV_MAX = 1024
 """Buffers per pwritev (Linux's IOV_MAX)."""
 OVERLAP = 256 << 10
@@ -43,6 +43,12 @@ OVERLAP = 256 << 10
 
 _writer: ThreadPoolExecutor | None = None
 _writer_lock = threading.Lock()
+
+
+def _owned(data: bytes | memoryview) -> bytes:
+    """`data` as bytes that cannot change while a write holds them (bytes are
+    immutable; anything else is copied)."""
+    return data if type(data) is bytes else bytes(data)
 
 
 def _writer_thread() -> ThreadPoolExecutor:
@@ -135,25 +141,23 @@ class DiskFile:
             self._join()
         if len(data) >= OVERLAP:
             self.flush()  # (what is held goes first, and a failure is raised here)
-            data = data if type(data) is bytes else bytes(data)
-            self._writing = (offset, _writer_thread().submit(self._write, offset, data))
+            self._writing = (offset, _writer_thread().submit(self._write, offset, _owned(data)))
             return
         held = self._held
         if held:
             if offset == self._end and len(held) < _IOV_MAX \
                     and offset + len(data) - self._at <= WRITE_BEHIND:
-                held.append(data if type(data) is bytes else bytes(data))
+                held.append(_owned(data))
                 self._end += len(data)
                 return
             self.flush()
         elif self._failed is not None:
             self._raise_failed()
         loop = asyncio._get_running_loop()
-        if loop is None or len(data) >= WRITE_BEHIND:
-            self._write(offset, data)  # (outside a loop — tools, tests — or big: now)
+        if loop is None:
+            self._write(offset, data)  # outside a loop (tools, tests): now
             return
-        # A bytes object cannot change under us; anything else is copied.
-        self._held = [data if type(data) is bytes else bytes(data)]
+        self._held = [_owned(data)]
         self._at, self._end = offset, offset + len(data)
         loop.call_soon(self._flush_at_turn_end)
 
