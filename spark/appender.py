@@ -136,13 +136,14 @@ Appended = list[tuple[str, int, int, int]]
 
 
 def write_task(batches: Iterator[Any], opts: SinkOptions, ids: Any = None,
-               attempt: str = "") -> Appended:
+               task: str = "", attempt: str = "") -> Appended:
     """Buffer a task's rows per journal, then append each journal's buffer once.
 
     `ids` (spark.exactly_once.TaskIds): the task's producer and history; each journal's
     append is then identified (txn 1: the task's first and only append to it), so a
     retried attempt that re-sends it is answered with the first attempt's commit. Its
-    content is checked against that commit (check_replay). None: plain appends."""
+    content is checked against that commit (check_replay). None: plain appends.
+    `task` and `attempt` name the task and its attempt for the test fault hook only."""
     import hashlib
     import tempfile
 
@@ -182,7 +183,7 @@ def write_task(batches: Iterator[Any], opts: SinkOptions, ids: Any = None,
                             check_replay(client, journal, result.begin, result.end, buf,
                                          opts.framing, ids)
                     appends.append((journal, result.begin, result.end, counts[journal]))
-            fault_after_append(ids, attempt)
+            fault_after_append(task, attempt)
         return appends
     finally:
         for buf in buffers.values():

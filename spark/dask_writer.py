@@ -29,7 +29,7 @@ def _write_partition(pdf: Any, opts: SinkOptions, base: str, index: int) -> Appe
 
     batch = pa.RecordBatch.from_pandas(pdf, preserve_index=False)
     ids = TaskIds.batch(base, index) if opts.exactly_once else None
-    return write_task(iter([batch]), opts, ids)
+    return write_task(iter([batch]), opts, ids, f"{base}#{index}")
 
 
 def to_quire(ddf: Any, brokers: str, *, journal: str = "", journal_column: str = "",

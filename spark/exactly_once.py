@@ -98,18 +98,19 @@ class TaskIds:
 
         return TxnId(self.producer, GENERATION, self.history, position)
 
-    @property
-    def label(self) -> str:
-        """A file-name-safe name of this task (for the fault hook's markers)."""
-        return hashlib.sha1(f"{self.producer}#{self.history}".encode()).hexdigest()[:16]
+
+def task_label(task: str) -> str:
+    """A file-name-safe name of a task (write/query id, batch, partition)."""
+    return hashlib.sha1(task.encode()).hexdigest()[:16]
 
 
-def fault_after_append(ids: TaskIds | None, attempt: str = "") -> None:
-    """Test fault hook, called by a task right after all its appends committed.
+def fault_after_append(task: str, attempt: str = "") -> None:
+    """Test fault hook, called by a task right after all its appends committed; `task`
+    names the task the same way in every attempt (write or query id, partition).
 
     QUIRE_SINK_FAULT=exit-after-append:<dir>   the task's process exits (os._exit(86))
-        the first time a task of these identifiers gets here (a marker file in <dir>
-        says it did), before the task can report success: its retry must land once.
+        the first time an attempt of `task` gets here (a marker file in <dir> says it
+        did), before it can report success: the task's retry must land once.
     QUIRE_SINK_FAULT=hang-after-append:<dir>   the same first attempt sleeps (up to
         10 minutes) instead, so a speculative copy finishes the task first.
 
@@ -117,16 +118,17 @@ def fault_after_append(ids: TaskIds | None, attempt: str = "") -> None:
     which attempts ran. Without QUIRE_SINK_FAULT this does nothing.
     """
     spec = os.environ.get(FAULT_ENV, "")
-    if not spec or ids is None:
+    if not spec or not task:
         return
     kind, _, where = spec.partition(":")
     if kind not in ("exit-after-append", "hang-after-append"):
         return
     root = Path(where)
     root.mkdir(parents=True, exist_ok=True)
-    (root / f"{ids.label}.attempt-{attempt or os.getpid()}").touch()
+    label = task_label(task)
+    (root / f"{label}.attempt-{attempt or os.getpid()}").touch()
     try:
-        fd = os.open(root / f"{ids.label}.first", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(root / f"{label}.first", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return  # a later attempt: it completes
     os.close(fd)

@@ -87,11 +87,10 @@ class QuireWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> QuireCommitMessage:
         tc = _task_context()
-        ids = None
-        if self.options.exactly_once:
-            ids = TaskIds.batch(self.options.idempotency_key or f"write/{self.write_id}",
-                                tc.partitionId())
-        return QuireCommitMessage(write_task(iterator, self.options, ids, _attempt(tc)))
+        base = self.options.idempotency_key or f"write/{self.write_id}"
+        ids = TaskIds.batch(base, tc.partitionId()) if self.options.exactly_once else None
+        task = f"{base}#{tc.partitionId()}"
+        return QuireCommitMessage(write_task(iterator, self.options, ids, task, _attempt(tc)))
 
     def commit(self, messages: list[Any]) -> None:
         pass  # every task's appends committed when the task succeeded
@@ -111,15 +110,16 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> QuireCommitMessage:
         tc = _task_context()
         ids = None
+        query, batch = tc.getLocalProperty(QUERY_ID), tc.getLocalProperty(BATCH_ID)
         if self.options.exactly_once:
-            query, batch = tc.getLocalProperty(QUERY_ID), tc.getLocalProperty(BATCH_ID)
             if not query or batch is None or not str(batch).isdigit():
                 raise SinkIdentityError(
                     f"the task has no streaming query id or batch id (local properties "
                     f"{QUERY_ID}={query!r}, {BATCH_ID}={batch!r}): set exactly_once=false")
             base = self.options.idempotency_key or f"query/{query}"
             ids = TaskIds.stream(base, int(batch), tc.partitionId())
-        return QuireCommitMessage(write_task(iterator, self.options, ids, _attempt(tc)))
+        task = f"{query}#{batch}#{tc.partitionId()}"
+        return QuireCommitMessage(write_task(iterator, self.options, ids, task, _attempt(tc)))
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         # The tasks' appends are committed; Spark logs the batch after this returns.
