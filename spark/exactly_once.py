@@ -111,8 +111,9 @@ def fault_after_append(task: str, attempt: str = "") -> None:
     QUIRE_SINK_FAULT=exit-after-append:<dir>   the task's process exits (os._exit(86))
         the first time an attempt of `task` gets here (a marker file in <dir> says it
         did), before it can report success: the task's retry must land once.
-    QUIRE_SINK_FAULT=hang-after-append:<dir>   the same first attempt sleeps (up to
-        10 minutes) instead, so a speculative copy finishes the task first.
+    QUIRE_SINK_FAULT=hang-after-append:<dir>   the first attempt of the first task to
+        get here (only that one) sleeps, up to 10 minutes, so a speculative copy of it
+        finishes the task first.
 
     Every arrival also leaves `<dir>/<task label>.attempt-<attempt>` so a test can see
     which attempts ran. Without QUIRE_SINK_FAULT this does nothing.
@@ -128,9 +129,11 @@ def fault_after_append(task: str, attempt: str = "") -> None:
     label = task_label(task)
     (root / f"{label}.attempt-{attempt or os.getpid()}").touch()
     try:
-        fd = os.open(root / f"{label}.first", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(root / ("hung" if kind == "hang-after-append" else f"{label}.first"),
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return  # a later attempt: it completes
+        return  # a later attempt (or, hanging, a later task): it completes
+    os.write(fd, label.encode())
     os.close(fd)
     if kind == "exit-after-append":
         os._exit(86)

@@ -39,7 +39,11 @@ def session(master: str, speculation: bool) -> Any:
                    .config("spark.speculation.multiplier", "1.0")
                    .config("spark.speculation.minTaskRuntime", "1s")
                    .config("spark.speculation.interval", "200ms")
-                   .config("spark.speculation.efficiency.enabled", "false"))
+                   .config("spark.speculation.efficiency.enabled", "false")
+                   # Wait for both executors (two hosts) before the first job.
+                   .config("spark.cores.max", "2")
+                   .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "300s"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from spark.datasource import register
