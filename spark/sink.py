@@ -96,7 +96,7 @@ class QuireWriter(DataSourceArrowWriter):
         pass  # every task's appends committed when the task succeeded
 
     def abort(self, messages: list[Any]) -> None:
-        pass  # committed appends stay; a retry of the write re-sends with a new write id
+        pass  # committed appends stay; a new .save() is a new write (new write id)
 
 
 class QuireStreamWriter(DataSourceStreamArrowWriter):
