@@ -29,13 +29,14 @@ import pytest
 
 from tests.spark.stream_helpers import make_journals, message, wait_for
 
-pytestmark = pytest.mark.spark
+# Spark drivers of their own and killed processes: minutes on a loaded 2-core box.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_driver(name: str, args: list[str], workdir: Path, env: dict[str, str],
-               timeout: float = 240) -> str:
+               timeout: float = 600) -> str:
     """Run tests/spark/eo_driver.py to completion (its process group killed whatever
     happens); returns its output."""
     from tools.services.process import Service
@@ -115,10 +116,10 @@ def test_restarted_query_lands_its_batch_once(stream_cluster: Any, tmp_path: Pat
         driver.start(wait=False)
         try:
             # Batch 0 (50 messages) runs and is logged; then batch 1 (50 more, one append).
-            wait_for(lambda: (checkpoint / "commits" / "0").exists(), 240, "batch 0 logged")
+            wait_for(lambda: (checkpoint / "commits" / "0").exists(), 600, "batch 0 logged")
             client.append(src, b"".join(message(src, n) for n in range(50, 100)))
             wait_for(lambda: (faults / "batch-1.committed").exists() or not driver.running,
-                     240, "the sink's commit of batch 1")
+                     600, "the sink's commit of batch 1")
             assert driver.running, driver.log_tail(60)
             # The sink's tasks committed batch 1; Spark has not logged it: kill the driver.
             driver.kill()

@@ -25,7 +25,7 @@ import pytest
 from tests.spark.stream_helpers import make_journals
 from tests.spark.test_sink_exactly_once import ROOT, counts, run_driver
 
-pytestmark = [pytest.mark.spark,
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500),
               pytest.mark.skipif(not os.environ.get("QUIRE_EO_FULL"),
                                  reason="a standalone Spark cluster: set QUIRE_EO_FULL=1")]
 
@@ -83,7 +83,7 @@ def test_speculative_copy_lands_once(stream_cluster: Any, standalone: str,
     out = run_driver("eo-speculation-driver", [
         "batch", "--master", standalone, "--speculation",
         "--brokers", ",".join(stream_cluster.endpoints), "--write", f"{journal}:true",
-        "--rows", "400", "--partitions", "4"], tmp_path / "driver", {}, timeout=400)
+        "--rows", "400", "--partitions", "4"], tmp_path / "driver", {}, timeout=900)
     assert "done" in out
     faults = tmp_path / "faults"
     hung = (faults / "hung").read_text()
