@@ -1,0 +1,241 @@
+"""A quire cluster across five hosts (netns, tools.hosts) with a three-member etcd.
+
+Coordinators listen on and advertise their host's address (never loopback or a
+wildcard), zones are hosts so a replication-3 journal has one replica per zone, and:
+kill -9 the etcd member the primary's coordinator talks to — appends keep succeeding
+without a pause over 2 s; isolate the primary's host — another host's coordinator takes
+the journal and appends succeed; heal — the old primary rejoins as a replica and every
+acknowledged append is in the journal at its offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from protocol import FragmentSpec, JournalSpec
+from protocol.errors import QuireError
+from protocol.fragment import Codec
+from quire.client import Client
+from tools.hosts import Host, HostHarness
+from tools.services import Service
+from tools.services.etcd import EtcdCluster
+
+PORT = 8080
+JOURNAL = "hosts/events"
+ZONES = ["a", "a", "b", "c", "c"]
+LEASE_TTL = 3
+
+
+@dataclass
+class Cluster:
+    h: HostHarness
+    etcd: EtcdCluster
+    coordinators: dict[str, Service] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"{host.address}:{PORT}" for host in self.h.hosts]
+
+    def host_at(self, endpoint: str) -> Host:
+        host = self.h.host_of(endpoint.rpartition(":")[0])
+        assert host is not None, f"{endpoint} is no host of the harness"
+        return host
+
+
+def _listening(address: str) -> bool:
+    with socket.create_connection((address, PORT), timeout=1.0):
+        return True
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with HostHarness(5, zones=ZONES) as h:
+        etcd = h.etcd_cluster(h.hosts[:3]).start()
+        c = Cluster(h, etcd)
+        for host in h.hosts:
+            argv = [sys.executable, "-m", "coordinator.main", "--zone", host.zone,
+                    "--id", f"coord-{host.name}", "--listen", f"{host.address}:{PORT}",
+                    "--etcd", etcd.url, "--root", "/quire-hosts",
+                    "--spool-dir", str(host.workdir / "spool"),
+                    "--lease-ttl", str(LEASE_TTL), "--log-format", "json"]
+            c.coordinators[host.name] = host.service(
+                f"coordinator-{host.name}", argv, probe=lambda a=host.address: _listening(a))
+        for svc in c.coordinators.values():
+            svc.start(wait=False)
+        for svc in c.coordinators.values():
+            svc.wait_ready(60)
+        yield c
+
+
+async def _primary(client: Client) -> tuple[str, tuple[str, ...]]:
+    """The journal's primary endpoint and its members' endpoints, as etcd has them."""
+    route = (await client.get_journal(JOURNAL)).route
+    where = {b.id: b.endpoint for b in await client.list_brokers()}
+    members = tuple(where.get(m, "") for m in route.members)
+    primary = members[route.primary] if 0 <= route.primary < len(members) else ""
+    return primary, members
+
+
+async def _until(what: str, timeout: float, check):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(QuireError, OSError, asyncio.TimeoutError):
+            last = await check()
+            if last:
+                return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+class Appender:
+    """Appends unique records continuously; keeps every acknowledged one and when."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.acked: list[tuple[int, int, bytes, float]] = []
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        seq = 0
+        while True:
+            seq += 1
+            data = f"record {seq:08d} {'x' * 64}\n".encode()
+            try:
+                r = await self.client.append(JOURNAL, data, retry_timeout=4.0)
+            except QuireError:
+                self.failures += 1  # definite or indefinite: not acknowledged
+            else:
+                self.acked.append((r.begin, r.end, data, time.monotonic()))
+            await asyncio.sleep(0.02)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def acks_after(self, t: float) -> int:
+        return sum(1 for *_, at in self.acked if at > t)
+
+    def longest_pause(self, since: float, until: float) -> float:
+        times = [since] + [at for *_, at in self.acked if since < at < until] + [until]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+
+async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None:
+    async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
+        await client.apply([JournalSpec(name=JOURNAL, replication=3, fragment=FragmentSpec(
+            length=1 << 20, compression_codec=Codec.NONE))])
+        await _until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
+        brokers = await client.list_brokers()
+        assert sorted(b.endpoint for b in brokers) == sorted(cluster.endpoints)
+        for b in brokers:
+            host = ipaddress.ip_address(b.endpoint.rpartition(":")[0])
+            assert not (host.is_loopback or host.is_unspecified), b
+            assert cluster.host_at(b.endpoint).zone == b.id.zone
+        for member in cluster.etcd.members:  # etcd advertises host addresses too
+            listed = member._gateway("cluster/member/list", {})["members"]  # noqa: SLF001
+            for url in (u for m in listed for u in m["clientURLs"] + m["peerURLs"]):
+                assert cluster.h.host_of(url.split("//")[1].rpartition(":")[0]), url
+        route = (await client.get_journal(JOURNAL)).route
+        assert len(route.members) == 3
+        assert sorted(m.zone for m in route.members) == ["a", "b", "c"], route
+        _, members = await _primary(client)
+        assert sorted(cluster.host_at(e).zone for e in members) == ["a", "b", "c"]
+
+
+async def test_etcd_member_loss_then_primary_host_isolation(cluster: Cluster) -> None:
+    async with Client(cluster.endpoints, rpc_timeout=2.0, connect_timeout=1.0) as client:
+        await _until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
+        appender = Appender(client)
+        appender.start()
+        try:
+            await _until("appends", 20, lambda: _true(appender.acks_after(0) >= 20))
+            await _etcd_member_loss(cluster, client, appender)
+            await _isolate_primary_host(cluster, client, appender)
+        finally:
+            await appender.stop()
+        await _check_every_ack(client, appender)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _etcd_member_loss(cluster: Cluster, client: Client, appender: Appender) -> None:
+    primary, _ = await _primary(client)
+    host = cluster.host_at(primary)
+    # The member the primary's coordinator holds a connection to (its client port).
+    peers = set(host.run(["ss", "-Htn", "state", "established"]).stdout.split())
+    victim = next((m for m in cluster.etcd.members if f"{m.host}:{m.client_port}" in peers), None)
+    assert victim is not None, f"no etcd connection from {host.name}: {sorted(peers)}"
+    killed_at = time.monotonic()
+    victim.kill()
+    try:
+        await asyncio.sleep(6.0)  # two lease TTLs: keep-alives must have moved on
+        now = time.monotonic()
+        pause = appender.longest_pause(killed_at, now)
+        assert appender.acks_after(killed_at) > 20
+        print(f"\netcd member {victim.name} killed: longest pause between acknowledged "
+              f"appends {pause:.2f} s")
+        assert pause <= 2.0, f"appends paused {pause:.2f} s after etcd member {victim.name} died"
+        assert (await _primary(client))[0] == primary, "losing one etcd member moved the primary"
+    finally:
+        victim.start()  # back with its data: three members again
+
+
+async def _isolate_primary_host(cluster: Cluster, client: Client, appender: Appender) -> None:
+    old, _ = await _primary(client)
+    old_host = cluster.host_at(old)
+    cluster.h.isolate(old_host)
+    isolated_at = time.monotonic()
+    try:
+        async def moved() -> bool:
+            primary, _ = await _primary(client)
+            return bool(primary) and primary != old and appender.acks_after(isolated_at) > 0 \
+                and any(at > isolated_at and cluster.host_at(primary) for *_, at in appender.acked)
+
+        await _until("another host's coordinator to take the journal", 40, moved)
+        taken = time.monotonic() - isolated_at
+        gap = appender.longest_pause(isolated_at, time.monotonic())
+        print(f"\nisolating the primary's host: new primary after {taken:.1f} s, appends "
+              f"paused {gap:.1f} s at most (lease TTL {LEASE_TTL} s)")
+        before = len(appender.acked)
+        await _until("appends through the new primary", 20,
+                     lambda: _true(len(appender.acked) >= before + 20))
+    finally:
+        cluster.h.heal(old_host)
+
+    async def rejoined() -> bool:
+        primary, members = await _primary(client)
+        return old in members and primary != old and len(members) == 3
+
+    await _until("the old primary to rejoin as a replica", 60, rejoined)
+    before = len(appender.acked)
+    await _until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
+
+
+async def _check_every_ack(client: Client, appender: Appender) -> None:
+    head = max(end for _, end, _, _ in appender.acked)
+    content = bytearray()
+    async for offset, data in client.read(JOURNAL, 0, end_offset=head):
+        assert offset == len(content), (offset, len(content))
+        content += data
+        if len(content) >= head:
+            break
+    missing = [(b, e) for b, e, data, _ in appender.acked if bytes(content[b:e]) != data]
+    assert not missing, f"{len(missing)} acknowledged appends missing or different: {missing[:5]}"
