@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import socket
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +28,7 @@ from protocol.errors import QuireError
 from protocol.fragment import Codec
 from quire.client import Client
 from tools.hosts import Host, HostHarness
-from tools.services import Service
+from tools.services import CeleryWorkerService, RedisService, Service
 from tools.services.etcd import EtcdCluster
 
 PORT = 8080
@@ -39,6 +41,7 @@ LEASE_TTL = 3
 class Cluster:
     h: HostHarness
     etcd: EtcdCluster
+    redis: RedisService
     coordinators: dict[str, Service] = field(default_factory=dict)
 
     @property
@@ -60,11 +63,14 @@ def _listening(address: str) -> bool:
 def cluster() -> Iterator[Cluster]:
     with HostHarness(5, zones=ZONES) as h:
         etcd = h.etcd_cluster(h.hosts[:3]).start()
-        c = Cluster(h, etcd)
+        redis = h.hosts[3].adopt(RedisService("redis", port=6379, listen_host=h.hosts[3].address,
+                                              workdir=h.hosts[3].workdir / "redis"))
+        redis.start()
+        c = Cluster(h, etcd, redis)  # type: ignore[arg-type]
         for host in h.hosts:
             argv = [sys.executable, "-m", "coordinator.main", "--zone", host.zone,
                     "--id", f"coord-{host.name}", "--listen", f"{host.address}:{PORT}",
-                    "--etcd", etcd.url, "--root", "/quire-hosts",
+                    "--etcd", etcd.url, "--root", "/quire-hosts", "--redis", redis.url,
                     "--spool-dir", str(host.workdir / "spool"),
                     "--lease-ttl", str(LEASE_TTL), "--log-format", "json"]
             c.coordinators[host.name] = host.service(
@@ -141,12 +147,22 @@ async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None
         await client.apply([JournalSpec(name=JOURNAL, replication=3, fragment=FragmentSpec(
             length=1 << 20, compression_codec=Codec.NONE))])
         await _until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
-        brokers = await client.list_brokers()
+        async def all_members() -> list:  # type: ignore[type-arg]
+            brokers = await client.list_brokers()
+            return brokers if len(brokers) == len(cluster.endpoints) else []
+
+        brokers = await _until("every coordinator to be a member", 30, all_members)
         assert sorted(b.endpoint for b in brokers) == sorted(cluster.endpoints)
         for b in brokers:
             host = ipaddress.ip_address(b.endpoint.rpartition(":")[0])
             assert not (host.is_loopback or host.is_unspecified), b
             assert cluster.host_at(b.endpoint).zone == b.id.zone
+        # `quire brokers list` from another host, through one coordinator.
+        quire = str(Path(sys.executable).parent / "quire")
+        out = cluster.h.hosts[4].run([quire, "--broker", cluster.endpoints[0], "brokers",
+                                      "list", "-o", "json"]).stdout
+        assert sorted(json.loads(line)["endpoint"] for line in out.splitlines()) \
+            == sorted(cluster.endpoints)
         for member in cluster.etcd.members:  # etcd advertises host addresses too
             listed = member._gateway("cluster/member/list", {})["members"]  # noqa: SLF001
             for url in (u for m in listed for u in m["clientURLs"] + m["peerURLs"]):
@@ -156,6 +172,37 @@ async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None
         assert sorted(m.zone for m in route.members) == ["a", "b", "c"], route
         _, members = await _primary(client)
         assert sorted(cluster.host_at(e).zone for e in members) == ["a", "b", "c"]
+
+
+async def test_persist_workers_fetch_fragments_across_hosts(cluster: Cluster, tmp_path) -> None:  # noqa: ANN001
+    """A persist worker on its own host fetches closed fragments from the coordinators
+    at their advertised addresses and writes them to the store."""
+    store = tmp_path / "store"
+    store.mkdir()
+    worker_host = cluster.h.hosts[4]
+    worker = worker_host.adopt(CeleryWorkerService(
+        "worker", redis_url=cluster.redis.url, queues=("persist", "index", "pulse"),
+        env={"QUIRE_ETCD_URL": cluster.etcd.url, "QUIRE_ETCD_ROOT": "/quire-hosts"},
+        workdir=worker_host.workdir / "worker"))
+    worker.start()
+    name = "hosts/persisted"
+    async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
+        await client.apply([JournalSpec(name=name, replication=3, fragment=FragmentSpec(
+            length=1024, compression_codec=Codec.NONE, stores=(store.as_uri() + "/",),
+            refresh_interval=1.0))])
+        await _until("the journal to take appends", 60, lambda: client.append(name, b""))
+        first = await client.append(name, b"a" * 3000)
+        await client.append(name, b"b" * 10)  # rolls the first fragment (3000 > 1024)
+
+        async def persisted() -> bool:
+            infos = await client.list_fragments(name)
+            return any(i.spec.begin == first.begin and i.spec.end == first.end and not i.local
+                       for i in infos)
+
+        await _until("the first fragment to be persisted by the worker", 90, persisted)
+        files = [p for p in store.rglob("*") if p.is_file()]
+        assert any(p.stat().st_size == 3000 for p in files), files
+    worker.stop()
 
 
 async def test_etcd_member_loss_then_primary_host_isolation(cluster: Cluster) -> None:
