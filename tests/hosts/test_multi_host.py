@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from protocol import FragmentSpec, JournalSpec
+from protocol import FragmentSpec, JournalSpec, Status
 from protocol.errors import QuireError
 from protocol.fragment import Codec
 from quire.client import Client
+from tests.coordinator.cluster import Conn
 from tools.hosts import Host, HostHarness
 from tools.services import CeleryWorkerService, RedisService, Service
 from tools.services.etcd import EtcdCluster
@@ -170,8 +171,23 @@ async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None
         route = (await client.get_journal(JOURNAL)).route
         assert len(route.members) == 3
         assert sorted(m.zone for m in route.members) == ["a", "b", "c"], route
-        _, members = await _primary(client)
+        primary, members = await _primary(client)
         assert sorted(cluster.host_at(e).zone for e in members) == ["a", "b", "c"]
+        # An append sent to a coordinator that is not the primary is proxied to it across
+        # hosts, and a read from yet another one returns it.
+        other = next(e for e in cluster.endpoints if e != primary)
+        conn = await Conn.open(other)
+        try:
+            r = await conn.append(JOURNAL, [b"proxied across hosts\n"])
+            assert r.status == Status.OK, r
+        finally:
+            await conn.close()
+        reader = await Conn.open(next(e for e in cluster.endpoints if e not in (primary, other)))
+        try:
+            data, _ = await reader.read(JOURNAL, r.commit.begin, end_offset=r.commit.end)
+            assert data == b"proxied across hosts\n"
+        finally:
+            await reader.close()
 
 
 async def test_persist_workers_fetch_fragments_across_hosts(cluster: Cluster, tmp_path) -> None:  # noqa: ANN001
