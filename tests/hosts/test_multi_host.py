@@ -17,6 +17,7 @@ import json
 import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from protocol.fragment import Codec
 from quire.client import Client
 from tests.coordinator.cluster import Conn
 from tools.hosts import Host, HostHarness
-from tools.services import CeleryWorkerService, RedisService, Service
+from tools.services import CeleryWorkerService, RedisService, Service, wait_for
 from tools.services.etcd import EtcdCluster
 
 PORT = 8080
@@ -158,6 +159,26 @@ async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None
             host = ipaddress.ip_address(b.endpoint.rpartition(":")[0])
             assert not (host.is_loopback or host.is_unspecified), b
             assert cluster.host_at(b.endpoint).zone == b.id.zone
+        # The dashboard on its own host finds the coordinators through etcd and links
+        # them by their advertised addresses.
+        dash_host = cluster.h.hosts[3]
+        dash_url = f"http://{dash_host.address}:8090"
+        dash = dash_host.service("dashboard", [
+            sys.executable, "-m", "dashboards.main", "--etcd", cluster.etcd.url,
+            "--root", "/quire-hosts", "--listen", f"{dash_host.address}:8090"],
+            probe=lambda: urllib.request.urlopen(f"{dash_url}/healthz", timeout=1).status == 200)
+        dash.start()
+        try:
+            def state_names_every_coordinator() -> str:
+                with urllib.request.urlopen(f"{dash_url}/api/state", timeout=5) as resp:
+                    text = resp.read().decode()
+                return text if all(e in text for e in cluster.endpoints) else ""
+
+            text = await asyncio.to_thread(
+                wait_for, state_names_every_coordinator, timeout=30, what="the dashboard's state")
+            assert "127.0.0.1" not in text and "0.0.0.0" not in text
+        finally:
+            dash.stop()
         # `quire brokers list` from another host, through one coordinator.
         quire = str(Path(sys.executable).parent / "quire")
         out = cluster.h.hosts[4].run([quire, "--broker", cluster.endpoints[0], "brokers",
