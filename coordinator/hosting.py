@@ -82,6 +82,7 @@ class Hosting:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
+        self._health_lock = asyncio.Lock()
 
     def _spawn(self, coro, name: str | None = None) -> None:  # noqa: ANN001
         assert self._tg is not None
@@ -165,6 +166,22 @@ class Hosting:
     async def advertise(self, journal: str, route: Route) -> int:
         assert self.keyspace is not None
         return await advertise_route(self.client, self.keyspace, journal, route)
+
+    def on_health(self, health) -> None:  # noqa: ANN001 - spool_health.SpoolHealth
+        """The spool's health changed: say so in our member key; a failed spool also
+        marks us exiting, so the allocator moves every journal to healthy members."""
+        if self._tg is None or self.membership is None:
+            return
+        self._spawn(self._announce_health(health), name="health")
+
+    async def _announce_health(self, health) -> None:  # noqa: ANN001
+        async with self._health_lock:
+            try:
+                async with asyncio.timeout(10.0):
+                    await self.membership.set_health(health.summary,
+                                                     exiting=health.state == health.FAILED)
+            except Exception as exc:  # noqa: BLE001 - said again at the next change
+                log.warning("cannot announce the spool's health", error=repr(exc))
 
     def poke(self) -> None:
         """Re-evaluate hosted replicas (e.g. a replicate stream released a spool)."""
