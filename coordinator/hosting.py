@@ -247,7 +247,15 @@ class Hosting:
                 self._pulsed.pop(journal, None)
                 # Never drop committed content: close it for persistence and keep the
                 # replica (files, offset) until the index shows it persisted.
-                if not replica.retire():
+                try:
+                    remains = replica.retire()
+                except OSError as exc:  # a failing spool disk: said, never fatal
+                    health = replica.health
+                    if health is not None:
+                        health.write_failed(exc, f"closing journal {journal}")
+                    log.error("cannot close a retired spool", journal=journal, error=repr(exc))
+                    continue
+                if not remains:
                     server.forget_replica(journal)
         for journal in mine:
             res = self.resolver.resolve_now(journal)

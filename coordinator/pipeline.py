@@ -241,12 +241,17 @@ class Pipeline:
                     answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
                     if must_ok:
                         for pid, resp in answers:
+                            if resp.status == Status.OK:
+                                continue
                             if resp.status in (Status.SPOOL_FULL, Status.SPOOL_FAILED):
-                                raise SpoolWriteFailed(resp.message or f"peer {pid}: "
-                                                       f"{resp.status.name}", resp.status)
-                            if resp.status != Status.OK:
-                                raise PipelineBroken(f"peer {pid} answered {resp.status.name}: "
+                                err: PipelineBroken = SpoolWriteFailed(
+                                    resp.message or f"peer {pid}: {resp.status.name}", resp.status)
+                            else:
+                                err = PipelineBroken(f"peer {pid} answered {resp.status.name}: "
                                                      f"{resp.message or resp.fragment}")
+                            if not fut.done():  # (popped already: the handler below misses it)
+                                fut.set_exception(err)
+                            raise err
                     if not fut.done():
                         fut.set_result(answers)
                 if not tickets:

@@ -127,9 +127,11 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                     await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
                     return False
                 try:
-                    resp = spool.apply_proposal(msg, epoch=hdr.etcd.revision)
                     if msg.acknowledge:
-                        spool.flush()  # the acknowledged bytes are on file, or we say why
+                        # The bytes it would commit are on file, or we say why — before
+                        # the spool adopts it: a commit never covers bytes not written.
+                        spool.flush()
+                    resp = spool.apply_proposal(msg, epoch=hdr.etcd.revision)
                 except OSError as exc:
                     return await _write_failed(replica, conn, exc, bound)
                 if msg.acknowledge:
