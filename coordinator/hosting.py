@@ -177,9 +177,14 @@ class Hosting:
     async def _announce_health(self, health) -> None:  # noqa: ANN001
         async with self._health_lock:
             try:
-                async with asyncio.timeout(10.0):
-                    await self.membership.set_health(health.summary,
-                                                     exiting=health.state == health.FAILED)
+                async with asyncio.timeout(30.0):
+                    if health.state == health.FAILED:
+                        # Our writes fail: no route can be synced away from us, so we
+                        # resign at once (our assignments go with our old lease).
+                        self._drop_all(f"spool failed: {health.reason}", streams=True)
+                        await self.membership.resign(health.summary)
+                    else:
+                        await self.membership.set_health(health.summary)
             except Exception as exc:  # noqa: BLE001 - said again at the next change
                 log.warning("cannot announce the spool's health", error=repr(exc))
 

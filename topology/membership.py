@@ -293,6 +293,18 @@ class Membership:
         log.warning("member health announced", member=str(self._spec.id), health=health,
                     exiting=spec.exiting)
 
+    async def resign(self, health: str) -> None:
+        """Give up every assignment at once and stay listed as unable to host: the old
+        lease is revoked (etcd deletes our assignments with it, so the allocator treats
+        them as a crashed member's: the survivors' sync decides, as after kill -9) and
+        we announce again, exiting, with a journal limit of 0 and `health` saying why.
+        For a member whose spool failed (coordinator/spool_health.py): it cannot sync a
+        route away gracefully, since its own writes fail."""
+        self._spec = msgspec.structs.replace(self._spec, health=health, exiting=True,
+                                             journal_limit=0)
+        await self.renew()
+        log.error("member resigned every assignment", member=str(self._spec.id), health=health)
+
     async def set_exiting(self) -> None:
         """Announce a graceful exit: the allocator stops placing here and drains us."""
         if self._spec.exiting:

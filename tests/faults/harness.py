@@ -179,3 +179,15 @@ async def brokers(c: Cluster) -> dict[str, str]:
 def alive(c: Cluster) -> None:
     for n in c.nodes:
         assert n.proc is not None and n.proc.poll() is None, f"{n.suffix} exited: {c.tail(n)}"
+
+
+async def wait_health(c: Cluster, suffix: str, prefix: str, timeout: float = 30.0) -> str:
+    """`suffix`'s health once it starts with `prefix` (the member key is rewritten
+    asynchronously, and a resigning member is briefly absent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = (await brokers(c)).get(suffix)
+        if health is not None and (health.startswith(prefix) if prefix else health == ""):
+            return health
+        assert time.monotonic() < deadline, (suffix, health)
+        await asyncio.sleep(0.1)  # polling etcd's view, bounded above

@@ -16,8 +16,8 @@ from protocol import Status
 from tests.coordinator.cluster import scrape_metric
 from tools.services.disk_faults import fill, tmpfs
 
-from .harness import (Model, alive, append, append_until, brokers, check, cluster_on, node_of,
-                      read_ids, route, serve)
+from .harness import (Model, alive, append, append_until, check, cluster_on, node_of,
+                      read_ids, route, serve, wait_health)
 
 pytestmark = pytest.mark.skipif(__import__("os").geteuid() != 0, reason="mounts need root")
 
@@ -50,7 +50,7 @@ async def _full(etcd, etcd_root, spools, victim: str) -> None:  # noqa: ANN001
         for _ in range(5):
             assert await append(c, model, RECORD, via=primary) == Status.SPOOL_FULL, model.errors
             assert target in model.errors[-1][1], model.errors[-1]
-        assert (await brokers(c))[target].startswith("full: "), await brokers(c)
+        await wait_health(c, target, "full: ")
         assert scrape_metric(node.metrics_port, "quire_spool_write_errors_total",
                              '{reason="enospc"}') >= 1
         alive(c)
@@ -62,7 +62,7 @@ async def _full(etcd, etcd_root, spools, victim: str) -> None:  # noqa: ANN001
         for _ in range(10):
             assert await append(c, model, RECORD) == Status.OK, model.errors
         assert time.monotonic() - t0 < 30.0
-        assert (await brokers(c))[target] == ""
+        await wait_health(c, target, "")
         alive(c)
         for n in c.nodes:
             check(model, await read_ids(c, via=n.suffix))
