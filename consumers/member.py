@@ -140,7 +140,32 @@ class ConsumerMember:
                         await reporter
         return 0
 
+    async def _check_locks(self) -> None:
+        """Stop every primary whose lock this member no longer holds (deleted by hand,
+        re-created by another member): its own watch (the mirror) says so, as a
+        coordinator's says its member key is gone. The shard stops writing at once —
+        cancelled, nothing committed (the recovery-log fence would refuse it anyway) —
+        its status report is withdrawn, and the plan then acquires the lock again or
+        leaves it to the allocator's choice, within the lease TTL + 2 s."""
+        for shard, running in list(self.running.items()):
+            if not running.primary or not running.lock_revision:
+                continue
+            key = primary_key(self.root, shard)
+            kv = self.mirror.kvs.get(key)
+            if kv is not None and kv.create_revision == running.lock_revision:
+                continue
+            if kv is None and self.mirror.seen(key) < running.lock_revision:
+                continue  # our own acquisition has not reached the mirror yet
+            log.error("shard lock lost: stopping the shard's writes", shard=shard,
+                      member=str(self.me), lock_revision=running.lock_revision,
+                      holder=kv.value.decode() if kv is not None else None)
+            running.task.cancel()
+            await asyncio.gather(running.task, return_exceptions=True)
+            self.running.pop(shard, None)
+            await self._after_exit(shard, running)  # (the lock's compare fails: status only)
+
     async def _step(self) -> None:
+        await self._check_locks()
         specs = self.specs()
         ranked = placement(specs.values(), self.members())
         locks = self.locks()
