@@ -38,8 +38,9 @@ class Model:
         return i, head + b"x" * (size - len(head) - 1) + b"\n"
 
 
-def start(c: Cluster, node, extra: list[str]) -> int:  # noqa: ANN001
-    """Start `node` as Cluster.start does, with its own metrics port; returns the port."""
+def start(c: Cluster, node, extra: list[str], env: dict[str, str] | None = None) -> int:  # noqa: ANN001
+    """Start `node` as Cluster.start does, with its own metrics port (and `env` added to
+    its environment); returns the port."""
     port = free_port()
     node.log_path = os.path.join(c.workdir, f"{node.suffix}.log")
     argv = [sys.executable, "-m", "coordinator.main", "--zone", node.zone, "--id", node.suffix,
@@ -48,21 +49,24 @@ def start(c: Cluster, node, extra: list[str]) -> int:  # noqa: ANN001
             "--metrics-port", str(port), *c.extra, *extra]
     with open(node.log_path, "ab") as logf:
         node.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
     node.metrics_port = port
+    node.env = env
     return port
 
 
 @contextlib.contextmanager
 def cluster_on(etcd_url: str, root: str, spool_dirs: list[str], extra: list[str] | None = None,
-               per_node: list[list[str]] | None = None) -> Iterator[Cluster]:
+               per_node: list[list[str]] | None = None,
+               envs: list[dict[str, str]] | None = None) -> Iterator[Cluster]:
     """Coordinators node-0.. with the given spool directories (one each)."""
     c = Cluster(etcd_url, root, make_workdir())
     for i, d in enumerate(spool_dirs):
         node = c.add(f"zone-{i % 2}", f"node-{i}")
         node.spool_dir = d
     for i, node in enumerate(c.nodes):
-        start(c, node, [*(extra or []), *((per_node or [])[i] if per_node else [])])
+        start(c, node, [*(extra or []), *((per_node or [])[i] if per_node else [])],
+              envs[i] if envs else None)
     try:
         yield c
     finally:
@@ -82,9 +86,14 @@ async def serve(c: Cluster, length: int = 64 << 10, replication: int = 3) -> Non
     assert (await wait_appendable(c.nodes[0].endpoint, J)).status == Status.OK
 
 
+def live(c: Cluster):  # noqa: ANN201
+    """The first node whose process runs."""
+    return next(n for n in c.nodes if n.proc is not None and n.proc.poll() is None)
+
+
 async def route(c: Cluster) -> tuple[str, list[str]]:
     """(primary suffix, member suffixes) of J."""
-    conn = await Conn.open(c.nodes[0].endpoint)
+    conn = await Conn.open(live(c).endpoint)
     try:
         resp = await conn.list()
     finally:
@@ -167,7 +176,7 @@ def check(model: Model, ids: list[int]) -> None:
 
 async def brokers(c: Cluster) -> dict[str, str]:
     """suffix -> health, as `quire brokers list` shows it."""
-    conn = await Conn.open(c.nodes[0].endpoint)
+    conn = await Conn.open(live(c).endpoint)
     try:
         await conn.s.send(ListBrokersRequest())
         resp, _ = await asyncio.wait_for(conn.s.read_message(ListBrokersResponse), 30.0)
