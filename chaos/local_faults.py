@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -39,7 +39,10 @@ from .schedule import FaultEvent, FaultKind
 
 if TYPE_CHECKING:
     from .cluster import CoordinatorService
-    from .nemesis import Nemesis
+
+Nemesis = Any
+"""The nemesis.Nemesis that calls in (its routes, target lookup, history, restarts);
+not imported: it imports this module."""
 
 __all__ = ["FAKETIME_LIB", "LocalFaults", "delete_shard_lock"]
 
