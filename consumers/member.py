@@ -22,7 +22,7 @@ import msgspec
 from protocol import ProcessId
 from protocol.errors import StatusError
 from protocol.logs import get_logger
-from protocol.shard import ShardSpec, ShardState
+from protocol.shard import ShardSpec, ShardState, ShardStatus
 from quire.client import Client
 from topology.allocator_plan import MemberState
 from topology.etcd import cmp_create, cmp_version, delete_op, members_prefix, put_op, txn
@@ -34,6 +34,7 @@ from topology.shards import (
     primary_prefix,
     shards_prefix,
     status_key,
+    status_prefix,
 )
 
 from .app import App
@@ -73,6 +74,8 @@ class ConsumerMember:
         self.mirror = Mirror(etcd, [shards_prefix(root), consumer_root(root) + "/"])
         self._wake = asyncio.Event()
         self._report_lock = asyncio.Lock()
+        self._blocked: dict[str, float] = {}
+        """shard -> when another member's PRIMARY report first held its lock back."""
 
     # -- views of the mirror -------------------------------------------------------------
 
@@ -221,7 +224,33 @@ class ConsumerMember:
             self._published.pop(shard, None)
         self._wake.set()
 
+    def _primary_elsewhere(self, shard: str) -> bool:
+        """Another member still reports PRIMARY for `shard`: a holder whose lock was
+        deleted by hand, about to notice and withdraw its report (`_check_locks`); a
+        dead one's report goes with its lease. Taking the lock meanwhile would show two
+        primaries at once, so the lock waits for the report to go."""
+        prefix = f"{status_prefix(self.root)}{shard}#"
+        mine = status_key(self.root, shard, self.me)
+        for key, kv in self.mirror.items(prefix):
+            if key == mine:
+                continue
+            try:
+                st = msgspec.json.decode(kv.value, type=ShardStatus)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if st.id == shard and st.state is ShardState.PRIMARY:
+                return True
+        return False
+
     async def _acquire(self, spec: ShardSpec) -> None:
+        if self._primary_elsewhere(spec.id):
+            # (the mirror wakes us when that report goes). Bounded: a report its member
+            # failed to withdraw (an etcd error) must not orphan the shard — after the
+            # TTL the lock is taken; the recovery-log fence still stops a stale writer.
+            since = self._blocked.setdefault(spec.id, time.monotonic())
+            if time.monotonic() - since < self.ttl:
+                return
+        self._blocked.pop(spec.id, None)
         key = primary_key(self.root, spec.id)
         result = await txn(self.etcd, [cmp_version(key, 0)],
                            [put_op(key, str(self.me).encode(), self.membership.lease_id)])
