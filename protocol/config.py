@@ -76,6 +76,8 @@ _DEFAULT_DATA = default_data_dir()
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    broker: str = "127.0.0.1:8080"
+    """Coordinator endpoints clients dial, host:port[,host:port...] (QUIRE_BROKER)."""
     etcd_url: str = "http://127.0.0.1:2379"
     etcd_root: str = "/quire"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -186,6 +188,18 @@ def _store_url(value: Any) -> str:
     raise ValueError("expected file:///absolute/dir/ or s3://bucket/prefix/")
 
 
+def _brokers(value: Any) -> str:
+    parts = [p.strip() for p in _text(value).split(",") if p.strip()]
+    if not parts:
+        raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080")
+    for part in parts:
+        try:
+            _hostport(part)
+        except ValueError:
+            raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080") from None
+    return ",".join(parts)
+
+
 def _endpoint(value: Any) -> str:
     s = _text(value)
     expected = "expected host:port or an http(s) URL like http://127.0.0.1:9000"
@@ -275,6 +289,7 @@ def _choice(*choices: str, upper: bool = False) -> Callable[[Any], str]:
 
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {
+    "broker": _brokers,
     "etcd_url": _http_url,
     "etcd_root": _etcd_root,
     "redis_url": _redis_url,
@@ -354,10 +369,17 @@ def load_settings(
 
     `overrides` holds CLI values keyed by setting name (None means "not
     given", so CLI options can be passed through unfiltered). `env` defaults to
-    `os.environ`. `config_path` wins over `QUIRE_CONFIG`.
+    `os.environ`. `config_path` wins over `QUIRE_CONFIG`. Lowest of all, above the
+    defaults: what a running `quire up` in the data dir offers (protocol.discovery).
     """
+    from .discovery import discover
+
     env = os.environ if env is None else env
     layers: list[dict[str, Any]] = []  # lowest precedence first
+
+    found = discover(env)
+    layers.append({key: _parse(key, found[var], f"{var} (discovered)")
+                   for key in _PARSERS if (var := ENV_PREFIX + key.upper()) in found})
 
     layers.append(
         {
