@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from .discovery import default_data_dir, discover
+
 __all__ = ["ConfigError", "Secret", "Settings", "load_settings", "default_data_dir"]
 
 ENV_PREFIX = "QUIRE_"
@@ -58,12 +60,6 @@ class Secret:
 
     def __bool__(self) -> bool:
         return bool(self._value)
-
-
-def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local/share")
-    return Path(base) / "quire"
 
 
 def _default_broker_id() -> str:
@@ -372,8 +368,6 @@ def load_settings(
     `os.environ`. `config_path` wins over `QUIRE_CONFIG`. Lowest of all, above the
     defaults: what a running `quire up` in the data dir offers (protocol.discovery).
     """
-    from .discovery import discover
-
     env = os.environ if env is None else env
     layers: list[dict[str, Any]] = []  # lowest precedence first
 

@@ -23,7 +23,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["ENV_FILE", "ClusterEnv", "discover", "effective_env", "format_env", "read_env_file"]
+__all__ = ["ENV_FILE", "ClusterEnv", "default_data_dir", "discover", "effective_env", "format_env",
+           "read_env_file"]
 
 ENV_FILE = "env"
 """The file under a data dir that `quire up` writes while it runs."""
@@ -97,9 +98,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _data_dir(env: Mapping[str, str]) -> Path:
-    from .config import default_data_dir
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """$XDG_DATA_HOME/quire, else ~/.local/share/quire: where `quire up` and every process
+    keep local state unless QUIRE_DATA_DIR says otherwise."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local/share")
+    return Path(base) / "quire"
 
+
+def _data_dir(env: Mapping[str, str]) -> Path:
     given = env.get("QUIRE_DATA_DIR")
     return Path(given).expanduser() if given else default_data_dir(env)
 
