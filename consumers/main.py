@@ -121,18 +121,18 @@ async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  #
 async def _reach_etcd(url: str) -> object:
     """A connected etcd client that answered once, or Unavailable within ~5 s naming etcd,
     the URL and what sets it (a member cannot do anything without etcd)."""
+    from protocol.discovery import effective_env
     from protocol.errors import Unavailable
     from topology.etcd import connect
+    from topology.etcd_client import EtcdTLS
 
-    client = None
     try:
-        client = await connect(url)
-        await asyncio.wait_for(client.status(), 5.0)
-        return client
+        return await asyncio.wait_for(
+            connect(url, probe=4.0, tls=EtcdTLS.from_env(effective_env())), 5.0)
+    except Unavailable:
+        raise
     except Exception as exc:  # noqa: BLE001 - every failure here means "not reachable"
-        if client is not None:
-            await client.close()
-        text = " ".join(str(exc).split())
+        text = " ".join(str(exc).split()) or "no answer within 5s"
         if "QUIRE_ETCD_URL" in text:
             raise Unavailable(text) from None
         why = text.rpartition(": ")[2] or type(exc).__name__

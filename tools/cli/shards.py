@@ -39,7 +39,9 @@ from protocol.errors import ValidationError
 from protocol.shard import ShardSpec, ShardStatus
 from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError
 
+from protocol.discovery import effective_env
 from topology.etcd import EtcdError, connect
+from topology.etcd_client import EtcdTLS
 from topology.shards import (
     ShardChange,
     ShardEntry,
@@ -77,13 +79,23 @@ EtcdOption = typer.Option(None, "--etcd", help="etcd URL (default $QUIRE_ETCD_UR
 RootOption = typer.Option(None, "--root", help="etcd key prefix (default $QUIRE_ETCD_ROOT or /quire).")
 
 _NODE_KEYS = {"revision", "delete"}
+ETCD_PROBE = 3.0
+"""Seconds for an etcd member to answer before a command says etcd is unreachable."""
 
 
 def _run(etcd: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
     url = etcd or settings().etcd_url
 
     async def main() -> T:
-        client = await connect(url)
+        # probe: one member answers within seconds, else EtcdError names etcd, the URLs
+        # and QUIRE_ETCD_URL; TLS files as discovered for a local cluster too.
+        try:
+            client = await asyncio.wait_for(
+                connect(url, probe=ETCD_PROBE, tls=EtcdTLS.from_env(effective_env())),
+                ETCD_PROBE + 1.0)
+        except asyncio.TimeoutError:
+            raise ServiceUnreachable("etcd", url, f"no answer within {ETCD_PROBE + 1.0:g}s",
+                                     "QUIRE_ETCD_URL or --etcd") from None
         try:
             return await body(client)
         finally:
@@ -94,7 +106,7 @@ def _run(etcd: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
     except (EtcdError, ConnectionFailedError, ConnectionTimeoutError) as exc:
         text = " ".join(str(exc).split())
         if "QUIRE_ETCD_URL" in text:  # already says what it tried and what sets it
-            raise CliError(text, EXIT_UNAVAILABLE) from None
+            raise CliError(text.removeprefix("UNAVAILABLE: "), EXIT_UNAVAILABLE) from None
         raise ServiceUnreachable("etcd", url, text.rpartition(": ")[2] or type(exc).__name__,
                                  "QUIRE_ETCD_URL or --etcd") from None
 
