@@ -196,7 +196,18 @@ def test_coordinators_unreachable_fail_fast(monkeypatch: pytest.MonkeyPatch, clo
 
 
 def test_store_unreachable_fails_fast(monkeypatch: pytest.MonkeyPatch, closed_port: int) -> None:
+    import spark.main  # noqa: F401
+    from fragment_store.errors import StoreUnavailable
+    from spark.dask_reader import fragment_index
+
     endpoint = f"127.0.0.1:{closed_port}"
+    # A first call loads pandas, dask and the S3 client (seconds on a loaded machine):
+    # the bound below is the waiting on the store, not imports.
+    for key, value in (("QUIRE_S3_ENDPOINT", f"http://{endpoint}"), ("QUIRE_S3_ACCESS_KEY", "k"),
+                       ("QUIRE_S3_SECRET_KEY", "s")):
+        monkeypatch.setenv(key, value)
+    with pytest.raises(StoreUnavailable):
+        fragment_index("s3://quire-unreachable/", selector="topic=x")
     code, text, elapsed = run_cli(monkeypatch, {
         "QUIRE_DISCOVER": "0", "QUIRE_STORE_URL": "s3://quire-unreachable/",
         "QUIRE_S3_ENDPOINT": f"http://{endpoint}", "QUIRE_S3_ACCESS_KEY": "k",
