@@ -42,10 +42,20 @@ def _options(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _default_store() -> str:
+    from protocol.discovery import effective_env
+
+    store = effective_env().get("QUIRE_STORE_URL", "")
+    if not store:
+        _fail("--store: required (or $QUIRE_STORE_URL, or a running `quire up` to find)")
+    return store
+
+
 @command.command("run")
 def run(
     job: str = typer.Argument(..., help="job name (see `quire spark jobs`)"),
-    store: str = typer.Option(..., "--store", help="store URL: file:///dir/ or s3://bucket/prefix/"),
+    store: str = typer.Option("", "--store", help="store URL: file:///dir/ or s3://bucket/prefix/ "
+                              "(default $QUIRE_STORE_URL, else a running `quire up`'s)"),
     out: str = typer.Option("quire-out", "--out", help="output directory"),
     selector: str = typer.Option("", "--selector", "-l", help="label selector over journals"),
     journal: str = typer.Option("", "--journal", help="journal name(s), comma-separated"),
@@ -64,7 +74,7 @@ def run(
         module = get_job(job)
         from .options import parse_options
 
-        params = JobParams(store=store, out=out, selector=selector, journal=journal,
+        params = JobParams(store=store or _default_store(), out=out, selector=selector, journal=journal,
                            begin=begin, end=end, options=_options(option))
         parse_options(params.source_options())  # fail before starting a JVM
     except QuireError as exc:
@@ -88,7 +98,8 @@ def jobs() -> None:
 
 @command.command("index")
 def index(
-    store: str = typer.Option(..., "--store"),
+    store: str = typer.Option("", "--store", help="default $QUIRE_STORE_URL, else a running "
+                              "`quire up`'s"),
     selector: str = typer.Option("", "--selector", "-l"),
     journal: str = typer.Option("", "--journal"),
     output: str = typer.Option("table", "--format", "-o", help="table or json (JSON Lines)"),
@@ -98,8 +109,19 @@ def index(
 
     from .dask_reader import fragment_index
 
+    from fragment_store.errors import StoreUnavailable
+    from protocol.errors import connection_reason
+
+    url = store or _default_store()
     try:
-        df = fragment_index(store, selector=selector or None, journal=journal or None)
+        df = fragment_index(url, selector=selector or None, journal=journal or None)
+    except StoreUnavailable as exc:
+        from fragment_store import open_store
+
+        endpoint = getattr(open_store(url), "endpoint", None)
+        where = f"{url} (S3 endpoint {endpoint})" if endpoint else url
+        _fail(f"store unreachable at {where}: {connection_reason(exc)} (set QUIRE_STORE_URL or "
+              f"--store; QUIRE_S3_ENDPOINT for an s3:// store's endpoint)")
     except QuireError as exc:
         _fail(str(exc))
     if output == "json":

@@ -13,14 +13,13 @@ lines, and their sum is the minute's count. The output journal is created if mis
         [--brokers HOST:PORT] [--store URL] [--checkpoint DIR] [--max-bytes-per-trigger N]
         [--until-idle]
 
-`--brokers` defaults to $QUIRE_BROKER (what `quire up` prints), `--store` to the first
+`--brokers` defaults to $QUIRE_BROKER, else a running `quire up`'s, `--store` to the first
 source journal's fragment store. Without `--until-idle` it runs until interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -109,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spark.jobs.common import session
 
     p = argparse.ArgumentParser(description=f"{NAME}: {DESCRIPTION}")
-    p.add_argument("--brokers", default=os.environ.get("QUIRE_BROKER", ""))
+    from protocol.discovery import effective_env
+
+    p.add_argument("--brokers", default=effective_env().get("QUIRE_BROKER", ""))
     p.add_argument("--selector", default="")
     p.add_argument("--journal", default="", help="source journal(s), comma-separated")
     p.add_argument("--out-journal", required=True)
