@@ -2,8 +2,9 @@
 
 A `Placement` is anything with an `address` (the IP the service listens on and
 advertises) and `argv(argv) -> argv` (how a command is started there). A host of
-`tools.hosts.HostHarness` is one (`ip netns exec <ns> ...`); `LOOPBACK` is the
-default, so every launcher here works unchanged on 127.0.0.1.
+`tools.hosts.HostHarness` is one (its `adopt(service)` runs the service in its network
+namespace and stops it when the harness closes); `LOOPBACK` is the default, so every
+launcher here works unchanged on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ LOOPBACK = Loopback()
 
 
 def place(svc: Service, where: Placement) -> Service:
-    """Make `svc` start its command through `where.argv` (kill, pause and restart keep
-    working: `ip netns exec` execs the command, so the process group is the service's).
-    The service itself must already listen on `where.address`."""
-    inner = svc.build_argv
-
-    def build_argv() -> list[str]:
-        return where.argv(inner())
-
-    svc.build_argv = build_argv  # type: ignore[method-assign]
+    """Make `svc` run where `where` is: a host adopts it (its network namespace; kill,
+    pause and restart keep working, `ip netns exec` execs the command); loopback leaves
+    it as it is. The service itself must listen on `where.address`."""
+    adopt = getattr(where, "adopt", None)
+    if adopt is not None:
+        adopt(svc)
     return svc

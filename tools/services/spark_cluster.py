@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.services.placement import LOOPBACK, Placement, place
-from tools.services.process import Service, ServiceError, free_port
+from tools.services.process import Service, ServiceError, free_port, wait_for
 
 __all__ = ["SparkCluster", "SparkMasterService", "SparkWorkerService", "spark_home"]
 
@@ -39,7 +39,7 @@ def spark_home() -> Path:
     return home
 
 
-def _json(url: str, timeout: float = 2.0) -> Any:
+def _json(url: str, timeout: float = 15.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
 
@@ -96,7 +96,7 @@ class SparkMasterService(_SparkDaemon):
                                  "--port", str(self.port), "--webui-port", str(self.webui_port))
 
     def probe(self) -> bool:
-        return _json(self.webui + "/json/").get("status") == "ALIVE"
+        return _json(self.webui + "/json/", timeout=2.0).get("status") == "ALIVE"
 
     def state(self) -> dict[str, Any]:
         """The master's view (workers, active and completed applications)."""
@@ -183,7 +183,10 @@ class SparkCluster:
         """Hosts whose worker ran an executor (of `app_id`, or of any application)."""
         out = set()
         for w in self.workers:
-            for ex in w.executors():
+            # A worker's web UI answers slowly on a loaded machine: bounded retries.
+            answer = wait_for(lambda w=w: (w.executors(),), timeout=60.0, interval=1.0,
+                              what=f"{w.name}'s web UI")
+            for ex in answer[0]:
                 if app_id is None or ex.get("appid") == app_id:
                     out.add(w.host)
         return out
