@@ -60,6 +60,13 @@ class FaultKind(str, enum.Enum):
     PAUSE_CONSUMER = "pause-consumer"
     """SIGSTOP a shard's primary consumer member past its lease TTL, then SIGCONT: the
     zombie must not commit to the shard's recovery log (its successor fenced it)."""
+    # Network-layer faults of `quire chaos --hosts` (chaos/net_faults.py plays them).
+    ISOLATE_HOST = "isolate-host"
+    PARTITION_PRIMARY_REPLICAS = "partition-primary-replicas"
+    PARTITION_PRIMARY_ETCD = "partition-primary-etcd"
+    ISOLATE_ETCD_MEMBER = "isolate-etcd-member"
+    CUT_ETCD_QUORUM = "cut-etcd-quorum"
+    KILL_HOST = "kill-host"
 
 
 NET_MODES = ("blackhole", "delay", "reset", "one-way", "slice")
