@@ -274,7 +274,11 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         if cfg.consumers:
             group = _group(cfg)
             await _start_group(run, admin, group)
-        writer_client = TracingClient(_client_endpoints(run), retry_timeout=10.0)
+        # On hosts a cut link is silent (no RST): an append sent to an isolated primary
+        # waits on TCP retransmissions. Writers give an attempt lease TTL + 1 s, as a
+        # client across hosts must, then re-send (identified: deduplicated) elsewhere.
+        writer_client = TracingClient(_client_endpoints(run), retry_timeout=10.0,
+                                      rpc_timeout=cfg.lease_ttl + 1.0 if cfg.hosts else 60.0)
         if run.links.client:
             writer_client.routes = ProxiedRoutes(writer_client.endpoints, _mapping(run))
 

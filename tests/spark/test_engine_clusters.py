@@ -35,7 +35,7 @@ from tools.services.spark_cluster import SparkCluster
 _REASON = available()
 pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=f"simulated hosts: {_REASON}"),
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),
 ]
 
 
