@@ -33,7 +33,7 @@ class RedisService(Service):
     ) -> None:
         super().__init__(name, **kwargs)
         self.listen_host = listen_host
-        """The address it listens on: loopback, or a simulated host's (tools.hosts)."""
+        """The address it binds and clients use (a host's, inside tools.hosts)."""
         self.port = port or free_port()
         self.appendonly = appendonly
         self.databases = databases
@@ -63,6 +63,9 @@ class RedisService(Service):
             exe,
             "--port", str(self.port),
             "--bind", self.listen_host,
+            # Off the loopback (a host of tools.hosts) Redis 7 refuses password-less
+            # clients unless told its bind address is meant to be reached.
+            "--protected-mode", "yes" if self.listen_host.startswith("127.") else "no",
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
@@ -71,9 +74,6 @@ class RedisService(Service):
             # Foreground, logging to stdout (our log file).
             "--daemonize", "no",
             "--logfile", "",
-            # Off the loopback (a simulated host's address, reachable only inside the
-            # harness's namespaces) protected mode would refuse every other host.
-            *(() if self.listen_host.startswith("127.") else ("--protected-mode", "no")),
         ]  # fmt: skip
 
     def client(self, db: int = 0, **kwargs: Any) -> redis.Redis:
