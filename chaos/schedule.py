@@ -71,6 +71,13 @@ class FaultKind(str, enum.Enum):
     """Make a coordinator's spool fail (EIO or EROFS); healed by a restart on a good disk."""
     CLOCK_SKEW = "clock-skew"
     """Restart a coordinator with its clock minutes off (faketime), then without."""
+    # Network-layer faults of `quire chaos --hosts` (chaos/net_faults.py plays them).
+    ISOLATE_HOST = "isolate-host"
+    PARTITION_PRIMARY_REPLICAS = "partition-primary-replicas"
+    PARTITION_PRIMARY_ETCD = "partition-primary-etcd"
+    ISOLATE_ETCD_MEMBER = "isolate-etcd-member"
+    CUT_ETCD_QUORUM = "cut-etcd-quorum"
+    KILL_HOST = "kill-host"
 
 
 NET_MODES = ("blackhole", "delay", "reset", "one-way", "slice")

@@ -1,7 +1,7 @@
 """`quire spark …`: batch jobs over journals in the store.
 
     quire spark run hourly-counts --store file:///data/ --selector prefix=topics/clicks/ --out /tmp/r
-    quire spark run hourly-counts --master spark://host:7077 ...
+    quire spark run hourly-counts --master spark://host:7077 --conf spark.driver.host=10.0.0.1 ...
     quire spark jobs
     quire spark index --store file:///data/ --selector prefix=topics/   (no JVM)
     quire spark package --out build/quire-batch.zip                     (for spark-submit --py-files)
@@ -32,12 +32,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _options(items: list[str]) -> dict[str, str]:
+def _options(items: list[str], flag: str = "--option") -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            _fail(f"--option {item!r}: expected KEY=VALUE")
+            _fail(f"{flag} {item!r}: expected KEY=VALUE")
         out[key] = value
     return out
 
@@ -63,6 +63,10 @@ def run(
     begin: int = typer.Option(0, "--begin", help="first journal offset to read"),
     end: Optional[int] = typer.Option(None, "--end", help="journal offset to stop before"),
     option: list[str] = typer.Option([], "--option", "-O", help="data source option KEY=VALUE"),
+    conf: list[str] = typer.Option([], "--conf", "-c",
+                                   help="Spark configuration KEY=VALUE, as spark-submit's "
+                                        "(e.g. spark.driver.host=10.0.0.1 for a driver that "
+                                        "executors on other hosts must reach)"),
 ) -> None:
     """Run a batch job on local[*] (or --master) and write its output."""
     from protocol import QuireError
@@ -75,11 +79,12 @@ def run(
         from .options import parse_options
 
         params = JobParams(store=store or _default_store(), out=out, selector=selector, journal=journal,
-                           begin=begin, end=end, options=_options(option))
+                           begin=begin, end=end, options=_options(option, "--option"))
+        spark_conf = _options(conf, "--conf")
         parse_options(params.source_options())  # fail before starting a JVM
     except QuireError as exc:
         _fail(str(exc))
-    spark = session(f"quire-{job}", master)
+    spark = session(f"quire-{job}", master, spark_conf)
     try:
         written = module.run(spark, params)
         typer.echo(f"{job}: wrote {written.count()} rows to {out}")
