@@ -55,7 +55,7 @@ def test_spec_round_trips_through_its_human_form() -> None:
 def test_cli_file_errors_carry_the_document_path() -> None:
     with pytest.raises(ValidationError) as info:
         parse("jobs:\n  - {name: a, selector: 'app=yy', window: 10s, target: {name: t}}\n"
-              "  - {name: b, selector: 'app=yy', window: 9s, target: {name: t}}\n", "f.yaml")
+              "  - {name: b, selector: 'app=yy', window: 7s, target: {name: t}}\n", "f.yaml")
     assert info.value.path == "f.yaml.jobs[1].window"
     with pytest.raises(ValidationError, match="appears twice"):
         parse("- {name: a, selector: 'app=yy', window: 10s, target: {name: t}}\n" * 1
