@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 
 from fragment_store import CoverSet
+from fragment_store.index_keys import WATERMARKS_KEY
 from protocol.logs import get_logger
 from workers import common, jobs_metrics as metrics
 
@@ -34,7 +35,6 @@ __all__ = ["MARKS_PREFIX", "PERSISTED_KEY", "WATERMARKS_KEY", "advance", "bounda
 log = get_logger(__name__)
 
 MARKS_PREFIX = "quire:marks:"
-WATERMARKS_KEY = "quire:watermarks"
 PERSISTED_KEY = "quire:persisted-through"
 
 # HSET key field max(old, new): the watermark never goes back, whatever the order in
@@ -45,10 +45,7 @@ _RAISE = ("local old = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') "
 
 
 def _retention() -> float:
-    import os
-
-    raw = os.environ.get("QUIRE_WORKER_MARK_RETENTION", "").strip()
-    return float(raw) if raw else 7 * 86400.0
+    return common.worker_settings().mark_retention
 
 
 def record_mark(journal: str, t: float, head: int) -> None:

@@ -191,12 +191,13 @@ class Cluster:
 
     # -- etcd / CLI ----------------------------------------------------------------------
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args, "--etcd",
-                               self.etcd.url, "--root", self.root],
+    def cli(self, *args: str, check: bool = True, etcd: bool = True,
+            **env: str) -> subprocess.CompletedProcess[str]:
+        tail = ["--etcd", self.etcd.url, "--root", self.root] if etcd else []
+        proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args, *tail],
                               capture_output=True, text=True, timeout=60, cwd=REPO,
                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                   "COLUMNS": "250"})
+                                   "COLUMNS": "250", **env})
         if check and proc.returncode != 0:
             raise AssertionError(f"quire {' '.join(args)} exited {proc.returncode}: "
                                  f"{proc.stderr}{proc.stdout}")

@@ -17,6 +17,7 @@ cluster takes a while to start on a loaded machine):
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -166,6 +167,12 @@ def test_jobs_windows_run_once_after_persistence(etcd, etcd_root, redis_db, tmp_
         listing = cluster.cli("jobs", "list").stdout
         assert "late" in listing and "counts" in listing
         assert not writer.errors[:1], writer.errors[:3]
+
+        # The watermark column of `quire journals list --stats`.
+        stats = cluster.cli("--broker", cluster.endpoints[0], "journals", "list", "--stats",
+                            "-o", "json", etcd=False, QUIRE_REDIS_URL=redis_db.url).stdout
+        marks = {row["journal"]: row["watermark"] for row in map(json.loads, stats.splitlines())}
+        assert all(marks[j] > last for j in JOURNALS), marks
     except BaseException:
         print(cluster.dump())
         raise
