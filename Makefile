@@ -50,7 +50,18 @@ test: install
 run: install
 	$(VENV)/bin/quire demo </dev/null
 
-bench: install
+# The replicated peers of the bench (NATS JetStream) are installed here, not by `make test`.
+BENCH_STAMP := $(VENV)/.quire-bench-installed
+
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	@command -v nats-server >/dev/null 2>&1 || [[ -x /usr/sbin/nats-server ]] || { \
+	  sudo=""; [[ $$(id -u) -eq 0 ]] || sudo=sudo; \
+	  $$sudo apt-get update -q; \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nats-server; }
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench: install $(BENCH_STAMP)
 	$(VENV)/bin/quire bench --quick
 
 # The import graph of the tree: checks the layers and redraws the picture in the docs.
