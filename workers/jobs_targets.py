@@ -4,8 +4,6 @@ A target runs by name, so no role imports another (DESIGN §2):
 
 * `kind: celery` — any Celery task by name. A task this worker has registered runs in
   this process, under the run's lease; any other is sent by name and awaited.
-* `kind: spark` — `python -m spark.jobs.<name> --run '<json>'`, a process (Spark local
-  mode, or the master the job's args name); a non-zero exit fails the attempt.
 
 Every target gets the same keyword arguments (the *run context*): `job`, `window_start`,
 `window_end`, `ranges` ({journal: [begin, end)}), `output`, `args`, `rerun`, `attempt`,
@@ -19,9 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -65,28 +60,11 @@ def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
 
 def run_target(spec: JobSpec, run: JobRun) -> Any:
     ctx = run_context(spec, run)
-    if spec.target.kind == "spark":
-        return _run_process(spec, ctx)
     task = app.tasks.get(spec.target.name)
     if task is not None:
         return task(**ctx)
     result = app.send_task(spec.target.name, kwargs=ctx)
     return result.get(timeout=spec.timeout, disable_sync_subtasks=False)
-
-
-def _run_process(spec: JobSpec, ctx: dict[str, Any]) -> Any:
-    argv = [sys.executable, "-m", f"spark.jobs.{spec.target.name}", "--run", json.dumps(ctx)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=spec.timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(f"spark.jobs.{spec.target.name} exited {proc.returncode}: "
-                           + " | ".join(tail))
-    last = (proc.stdout.strip().splitlines() or ["{}"])[-1]
-    try:
-        return json.loads(last)
-    except ValueError:
-        return {"stdout": last[:500]}
 
 
 # -- built-in targets ------------------------------------------------------------------

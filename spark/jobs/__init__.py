@@ -4,9 +4,7 @@ A job module exposes `NAME`, `DESCRIPTION`, `run(spark, params) -> DataFrame` (i
 its output and returns what it wrote) and `main(argv)` for spark-submit.
 
 `minute_counts` is a continuous (Structured Streaming) job, run by
-`python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS. `window_counts` is a target of quire's own
-job scheduler (docs/jobs.md), run as `python -m spark.jobs.window_counts --run JSON`;
-it is not in JOBS either.
+`python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS.
 """
 
 from __future__ import annotations
