@@ -34,9 +34,11 @@ from .history import History
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
 from .readback import read_back
+from .local_faults import LocalFaults
 from .schedule import (
     CONSUMER_KINDS,
     DEFAULT_KINDS,
+    DISK_KINDS,
     FaultKind,
     ScheduleConfig,
     build_schedule,
@@ -64,7 +66,9 @@ class ChaosConfig:
     record_bytes: tuple[int, int] = (100, 1000)
     lease_ttl: int = 5
     fragment_length: int = 64 << 10
-    kinds: tuple[FaultKind, ...] = DEFAULT_KINDS + (FaultKind.KILL_WORKER,) + CONSUMER_KINDS
+    kinds: tuple[FaultKind, ...] = (DEFAULT_KINDS + (FaultKind.KILL_WORKER,) + CONSUMER_KINDS
+                                    + DISK_KINDS)
+    """The deck. The disk and clock kinds need root (mounts); without it they are dropped."""
     append_timeout: float = 20.0
     history_path: str | None = None
     workdir: str | None = None
@@ -93,6 +97,8 @@ class _Run:
     advertise: bool = False
     resent: int = 0
     """Identified appends re-sent after an unknown outcome (the broker dedups them)."""
+    local: LocalFaults | None = None
+    """The coordinators' faulty disks, when a disk or clock kind is dealt."""
 
 
 async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
@@ -130,10 +136,13 @@ async def _setup(run: _Run) -> Client:
             proxy = await FaultProxy(f"peer->c{i}", f"127.0.0.1:{port}", seed=cfg.seed + 100 + i).start()
             run.links.peer.append(proxy)
             advertise[i] = proxy.endpoint
+    if any(k in DISK_KINDS for k in cfg.kinds):
+        run.local = LocalFaults()
     run.cluster = LocalCluster(
         cfg.coordinators, zones=cfg.zones, redis=True, s3=True, worker=True,
         env={"QUIRE_LEASE_TTL_SECONDS": str(cfg.lease_ttl)}, workdir=cfg.workdir,
-        advertise=advertise, ports=ports)
+        advertise=advertise, ports=ports,
+        prepare=run.local.prepare if run.local is not None else None)
     await asyncio.to_thread(run.cluster.start)
     s3 = run.cluster.s3
     assert s3 is not None
@@ -223,6 +232,9 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     run = _Run(cfg, History(cfg.history_path))
     if not cfg.consumers:
         cfg.kinds = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
+    if os.geteuid() != 0 and any(k in DISK_KINDS for k in cfg.kinds):
+        log.warning("runner.disk_kinds_dropped", reason="mounting faulty disks needs root")
+        cfg.kinds = tuple(k for k in cfg.kinds if k not in DISK_KINDS)
     schedule = build_schedule(ScheduleConfig(
         duration=cfg.duration, seed=cfg.seed, journals=cfg.journals,
         coordinators=cfg.coordinators, lease_ttl=cfg.lease_ttl, kinds=cfg.kinds,
@@ -252,6 +264,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             return await _route(admin, journal)
 
         nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup, group)
+        nemesis.local = run.local
         stop = asyncio.Event()
         run.history.t0 = time.monotonic()
         started = time.monotonic()
@@ -332,6 +345,8 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
                 await c.close()
         if run.cluster is not None:
             await asyncio.to_thread(run.cluster.close)
+        if run.local is not None:
+            await asyncio.to_thread(run.local.close)  # (after the coordinators stopped)
         for p in run.links.all():
             await p.close()
 

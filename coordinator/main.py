@@ -24,6 +24,8 @@ def command(
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address the metrics server binds (0.0.0.0: every interface)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="On SIGTERM, most seconds spent draining (in-flight appends, rolling led spools, waiting for their persistence)."),
     pulse_interval: float = typer.Option(60.0, "--pulse-interval", help="Seconds between pulses of primary journals."),
+    spool_low_water: int = typer.Option(0, "--spool-low-water", help="Refuse appends (SPOOL_FULL) while the spool filesystem has fewer free bytes than this; 0: only when a write fails with ENOSPC."),
+    max_unpersisted: int = typer.Option(0, "--max-unpersisted", help="Refuse appends (SPOOL_FULL) while this member holds more bytes not yet in the fragment store (backpressure while the store is down); 0: no bound."),
     no_allocator: bool = typer.Option(False, "--no-allocator", help="Do not run the allocator here."),
     log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: Optional[str] = typer.Option(None, "--log-level"),
@@ -47,6 +49,12 @@ def command(
                        "auth_keys_file": auth_keys_file, "tls_cert": tls_cert, "tls_key": tls_key,
                        "tls_ca": tls_ca, "tls_client_auth": tls_client_auth})
     configure_logging(s.log_format, s.log_level)
+    advertise = _checked_endpoint(advertise)
+    if advertise is None and _wildcard(s.listen.rpartition(":")[0]):
+        # Peers and clients dial what we announce: "every interface" is no address.
+        raise typer.BadParameter(f"{s.listen} listens on every interface, which peers and "
+                                 "clients cannot dial; give --advertise host:port with this "
+                                 "host's own address", param_hint="--listen")
     keyring, server_ssl, peer_ssl = _security(s)
     cfg = ServerConfig(zone=s.zone, suffix=s.broker_id, listen=s.listen, etcd_url=s.etcd_url,
                        root=s.etcd_root, spool_dir=s.spool_dir,
@@ -55,7 +63,8 @@ def command(
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
                        drain_timeout=drain_timeout, run_allocator=not no_allocator,
-                       advertise=_checked_endpoint(advertise),
+                       spool_low_water=spool_low_water, max_unpersisted=max_unpersisted,
+                       advertise=advertise,
                        keyring=keyring, server_ssl=server_ssl, peer_ssl=peer_ssl)
     persister = None
     if redis:
@@ -144,7 +153,15 @@ def _checked_endpoint(value: Optional[str]) -> Optional[str]:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise typer.BadParameter(f"expected host:port, got {value!r}", param_hint="--advertise")
+    if _wildcard(host):
+        raise typer.BadParameter(f"{value} is no address peers can dial; give this host's own",
+                                 param_hint="--advertise")
     return value
+
+
+def _wildcard(host: str) -> bool:
+    """True for a bind-everything host (empty, 0.0.0.0, ::)."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
 
 
 def main() -> None:
