@@ -303,7 +303,7 @@ class LocalCluster:
             self.notes.append("workers package not found: no Celery worker, beat or Flower "
                               "(fragments stay on coordinator disks)")
             return
-        queues = ["celery"] + [q for q in ("persist", "index", "pulse", "prune") if (workers / f"{q}.py").exists()]
+        queues = ["celery"] + [q for q in ("persist", "index", "pulse", "prune", "jobs") if (workers / f"{q}.py").exists()]
         env = self.env()
         self._start(CeleryWorkerService("worker", redis_url=self.redis_url, queues=queues,
                                         pool="threads", concurrency=4, env=env,

@@ -80,6 +80,9 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
             except StoreUnavailable as exc:
                 raise store_unreachable(exc, store, f"fragment.stores of {e.spec.name}'s spec") from None
         rows.append({"journal": e.spec.name, **total._asdict()})
+    marks = _watermarks([r["journal"] for r in rows])
+    for r in rows:
+        r["watermark"] = marks.get(r["journal"], 0.0)
     if output is Output.json:
         emit_json_lines(rows)
     elif output is Output.yaml:
@@ -88,10 +91,33 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
         def when(t: int) -> str:
             return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
 
-        emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets"],
+        emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets",
+                          "persisted watermark (UTC)"],
                    [(r["journal"], r["fragments"], human_bytes(r["stored_bytes"]),
                      when(r["oldest"]), when(r["newest"]),
-                     f"{r['begin']}..{r['end']}" if r["fragments"] else "-") for r in rows])
+                     f"{r['begin']}..{r['end']}" if r["fragments"] else "-",
+                     when(int(r["watermark"]))) for r in rows])
+
+
+def _watermarks(journals: list[str]) -> dict[str, float]:
+    """Persisted watermarks (docs/jobs.md) from the workers' Redis at $QUIRE_REDIS_URL;
+    none when it is unset or unreachable (the column then shows '-')."""
+    import os
+
+    url = os.environ.get("QUIRE_REDIS_URL", "")
+    if not url or not journals:
+        return {}
+    import redis
+
+    from fragment_store.index_keys import WATERMARKS_KEY
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+        values = client.hmget(WATERMARKS_KEY, journals)
+        client.close()
+    except redis.RedisError:
+        return {}
+    return {j: float(v) for j, v in zip(journals, values, strict=True) if v}
 
 
 @app.command("apply")
