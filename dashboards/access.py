@@ -4,7 +4,7 @@ With keys configured (the cluster's, from QUIRE_AUTH_KEYS / auth_keys_file) `/ap
 needs a token with the LIST capability, presented as `Authorization: Bearer TOKEN` or as
 the `quire_token` cookie that `GET /login?token=TOKEN` sets (HttpOnly, SameSite=Strict,
 expiring with the token): a read-only session for a browser. The snapshot then shows
-only the journals in the token's scope. The page itself (HTML, JS, CSS) and `/healthz`
+only the journals (and the shards and jobs over them) in the token's scope. The page itself (HTML, JS, CSS) and `/healthz`
 carry no data and stay open.
 """
 
@@ -65,7 +65,7 @@ def login(keyring: Keyring, target: str) -> str:
 
 
 def visible_state(state: dict[str, Any], claims: Claims) -> dict[str, Any]:
-    """The snapshot with only the journals in the token's scope."""
+    """The snapshot with only the journals (and the shards and jobs over them) in the token's scope."""
     def labels(j: dict[str, Any]) -> LabelSet:
         return LabelSet.of({k: v for k, v in (j.get("labels") or {}).items()})
 
@@ -75,4 +75,11 @@ def visible_state(state: dict[str, Any], claims: Claims) -> dict[str, Any]:
     shards = [s for s in state.get("shards", [])
               if all(claims.scope.covers(n, LabelSet()) for n in
                      (s["recovery_log"], *s["source_journals"]))]
-    return {**state, "journals": journals, "shards": shards}
+    # A job likewise: its output, the journals its shown runs read and the one its next
+    # window waits on must all be in scope, and it must name at least one (a job that has
+    # neither output nor runs yet says nothing a scoped token may see).
+    from .jobs import journals_of
+
+    jobs = [j for j in state.get("jobs", [])
+            if (names := journals_of(j)) and all(claims.scope.covers(n, LabelSet()) for n in names)]
+    return {**state, "journals": journals, "shards": shards, "jobs": jobs}

@@ -3,7 +3,9 @@
 etcd says what *should* be (specs, members, assignments, advertised routes); the
 coordinators say what *is* (their journal list, broker counts, each journal's write
 head); with a Redis URL, the index workers' storage accounting of each journal
-(`quire:journal-stats`: fragments, stored bytes, oldest fragment) is joined in too.
+(`quire:journal-stats`: fragments, stored bytes, oldest fragment) and each journal's
+persisted watermark (`quire:watermarks`, docs/jobs.md) are joined in too, and the jobs
+(specs, last runs, what the next window waits on: dashboards/jobs.py) are listed.
 Any side may be down: what could not be read is reported in `errors` and the
 rest of the snapshot is still served.
 """
@@ -17,12 +19,13 @@ from typing import Any
 import aetcd
 import redis.asyncio as aioredis
 
-from fragment_store.index_keys import STATS_KEY, decode_stats
+from fragment_store.index_keys import STATS_KEY, WATERMARKS_KEY, decode_stats
 from fragment_store.stats import StoreStats
 from protocol import ProcessId
 from quire.client import Client
 from topology.etcd import client_for
 
+from .jobs import job_rows
 from .shards import shard_rows
 from .topology import Topology, consistency, decode, labels_of, route_of
 
@@ -50,6 +53,8 @@ class StateCollector:
         self._lock = asyncio.Lock()
         self._last: tuple[float, dict[str, Any]] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._jobs_prefix = f"{self.root}/jobs/".encode()
+        self._job_kvs: list[tuple[bytes, bytes]] = []
 
     async def close(self) -> None:
         if self._client is not None:
@@ -86,6 +91,8 @@ class StateCollector:
             await _quietly(etcd.close())
             raise
         self._shards = shard_rows(self.root, ((kv.key, kv.value) for kv in resp.kvs))
+        self._job_kvs = [(kv.key, kv.value) for kv in resp.kvs
+                         if kv.key.startswith(self._jobs_prefix)]
         return decode(self.root, ((kv.key, kv.value) for kv in resp.kvs), resp.header.revision)
 
     def _coordinators(self, topo: Topology | None) -> Client | None:
@@ -131,18 +138,48 @@ class StateCollector:
                 brokers = {str(b.id): b for b in results[1]}
             names = sorted(set(listed) | set(topo.journals if topo else ()))
             heads = await self._write_heads(client, names[:WRITE_HEAD_LIMIT], errors)
+        before = len(errors)
         storage = await self._storage(errors)
-        return _join(self, topo, listed, brokers, heads, storage, errors)
+        # A Redis that could not be read for the stats is reported once, not asked again.
+        watermarks = await self._watermarks(errors) if len(errors) == before else None
+        state = _join(self, topo, listed, brokers, heads, storage, errors)
+        for j in state["journals"]:
+            j["watermark"] = watermarks.get(j["name"]) if watermarks is not None else None
+        state["jobs"] = job_rows(self.root, self._job_kvs, watermarks) if topo else []
+        return state
+
+    def _redis_client(self) -> aioredis.Redis:
+        if self._redis is None:
+            self._redis = aioredis.from_url(self.redis_url, socket_timeout=self.timeout,
+                                            socket_connect_timeout=self.timeout)
+        return self._redis
+
+    async def _watermarks(self, errors: list[str]) -> dict[str, float] | None:
+        """journal -> persisted watermark (unix s) from the workers' Redis; None without
+        Redis or when it could not be read (reported in `errors`)."""
+        if not self.redis_url:
+            return None
+        try:
+            raw = await asyncio.wait_for(self._redis_client().hgetall(WATERMARKS_KEY),
+                                         self.timeout)
+        except Exception as exc:  # noqa: BLE001 - shown on the page, the rest still renders
+            errors.append(f"redis: watermarks: {_why(exc)}")
+            return None
+        out: dict[str, float] = {}
+        for key, value in raw.items():
+            try:
+                out[key.decode()] = float(value)
+            except ValueError:
+                errors.append(f"redis: watermark of {key.decode(errors='replace')}: "
+                              f"{value[:40]!r} is not a number")
+        return out
 
     async def _storage(self, errors: list[str]) -> dict[str, StoreStats]:
         """Per-journal storage stats the index workers keep in Redis ({} without Redis)."""
         if not self.redis_url:
             return {}
         try:
-            if self._redis is None:
-                self._redis = aioredis.from_url(self.redis_url, socket_timeout=self.timeout,
-                                                socket_connect_timeout=self.timeout)
-            raw = await asyncio.wait_for(self._redis.hgetall(STATS_KEY), self.timeout)
+            raw = await asyncio.wait_for(self._redis_client().hgetall(STATS_KEY), self.timeout)
         except Exception as exc:  # noqa: BLE001 - shown on the page, the rest still renders
             errors.append(f"redis: storage stats: {_why(exc)}")
             return {}

@@ -78,6 +78,7 @@ function journalRow(j) {
     el("td", { class: "num", title: j.write_head === null ? "unknown" : `${j.write_head} bytes` },
       j.write_head === null ? "—" : bytes(j.write_head)),
     storageCell(j.storage),
+    watermarkCell(j.watermark),
     el("td", {}, el("span", { class: "state " + j.consistency }, j.consistency),
       el("span", { class: "muted small" }, ` ${j.route.length}/${j.replication}`)));
 }
@@ -90,6 +91,19 @@ function storageCell(s) {
     bytes(s.stored_bytes), el("div", { class: "muted small" }, `${s.fragments} fragment${s.fragments === 1 ? "" : "s"}`));
 }
 
+function isoTime(t) {
+  return t ? new Date(t * 1000).toISOString().replace(/\.\d{3}Z$/, "Z") : "—";
+}
+
+// The persisted watermark (docs/jobs.md): everything acknowledged before it is in the store.
+function watermarkCell(w) {
+  if (w === null || w === undefined || !w)
+    return el("td", { class: "num muted", title: "no persisted watermark (no Redis, or no pulse mark persisted yet)" }, "—");
+  const behind = Math.max(0, Date.now() / 1000 - w);
+  return el("td", { class: "num watermark", title: `persisted watermark ${isoTime(w)}` },
+    isoTime(w).slice(11), el("div", { class: "muted small" }, `${behind.toFixed(0)}s behind`));
+}
+
 function renderJournals(journals) {
   const needle = document.getElementById("filter").value.trim().toLowerCase();
   const body = document.querySelector("#journals tbody");
@@ -100,7 +114,7 @@ function renderJournals(journals) {
   for (const j of journals) tally[j.consistency] = (tally[j.consistency] || 0) + 1;
   setText("tally", Object.entries(tally).map(([k, n]) => `${n} ${k}`).join(" · "));
   body.replaceChildren(...(shown.length ? shown.map(journalRow)
-    : [el("tr", {}, el("td", { colspan: 7, class: "empty" }, journals.length ? "no match" : "no journals"))]));
+    : [el("tr", {}, el("td", { colspan: 8, class: "empty" }, journals.length ? "no match" : "no journals"))]));
 }
 
 // Consumer shards (docs/consumers.md): state, primary, standbys, offsets and lag.
@@ -116,6 +130,38 @@ function renderShards(shards) {
       `${x.journal}@${x.offset} (lag ${bytes(x.lag)})`))),
     el("td", { class: "num" }, s.transactions)))
     : [el("tr", {}, el("td", { colspan: 6, class: "empty" }, "no shards"))]));
+}
+
+// Jobs (docs/jobs.md): runs by state, the newest runs, what the next window waits on.
+function jobRunLine(r) {
+  let state = r.state + (r.attempt > 1 ? ` (attempt ${r.attempt})` : "") + (r.rerun ? ` rerun ${r.rerun}` : "")
+    + (r.backfill ? " backfill" : "");
+  if (r.retry_at) state += ` · retry at ${isoTime(r.retry_at).slice(11)}`;
+  const took = r.took === null ? (r.state === "running" ? "running" : "") : `${r.took.toFixed(1)}s`;
+  return el("div", { class: "run", title: r.error || `worker ${r.worker || "—"}` },
+    `${isoTime(r.window_start).slice(11)}–${isoTime(r.window_end).slice(11)} `,
+    el("span", { class: "state " + r.state }, state), took ? ` ${took}` : "",
+    r.error ? el("span", { class: "muted small" }, ` ${r.error}`) : null);
+}
+
+function jobNext(st) {
+  if (!st) return "— (no sweep yet)";
+  if (st.note) return st.note;
+  const w = st.watermark_now || st.watermark;
+  return `window ${isoTime(st.next_window).slice(11)} waits on ${st.waiting_on || "—"} (watermark ${isoTime(w)})`;
+}
+
+function renderJobs(jobs) {
+  const body = document.querySelector("#jobs tbody");
+  setText("job-count", jobs.length);
+  body.replaceChildren(...(jobs.length ? jobs.map(j => el("tr", { "data-job": j.name },
+    el("td", { class: "name" }, j.name, el("div", { class: "muted small" },
+      `${j.selector} · every ${j.window}${j.suspend ? " · suspended" : ""}`)),
+    el("td", {}, j.target, el("div", { class: "muted small" }, j.output ? `→ ${j.output}` : "")),
+    el("td", {}, Object.entries(j.counts).map(([k, n]) => `${n} ${k}`).join(" · ") || "—"),
+    el("td", {}, ...(j.runs.length ? j.runs.map(jobRunLine) : ["—"])),
+    el("td", { class: "small" }, jobNext(j.status))))
+    : [el("tr", {}, el("td", { colspan: 5, class: "empty" }, "no jobs"))]));
 }
 
 function renderErrors(errors) {
@@ -135,6 +181,7 @@ function render(state) {
   renderBrokers(state.brokers);
   renderJournals(state.journals);
   renderShards(state.shards || []);
+  renderJobs(state.jobs || []);
   document.body.dataset.ready = "1";
 }
 
