@@ -2,7 +2,8 @@
 
 1. start a local cluster (`quire up`'s LocalCluster: etcd, redis-server, 2 coordinators,
    Celery worker and beat — all subprocesses) in a fresh data directory;
-2. apply a topic `events` of 4 journals (label `topic=events`, partitions as journals);
+2. apply a topic `events` of 4 journals (label `topic=events`, partitions as journals)
+   and a job over them (as `quire jobs apply` does), starting now;
 3. append 4,000 JSON messages through AppendService, keyed by user (rendezvous mapping);
 4. tail one partition and show its first messages with their offsets;
 5. wait (bounded) until every partition has fragments persisted to the store, and list
@@ -11,7 +12,10 @@
 7. run the continuous minute-counts job (Structured Streaming: journals in, a journal
    out) until it has counted everything, showing its micro-batches;
 8. run the consumer count example (a stateful shard over the topic, totals to a journal:
-   tools/demo_consumer.py) and show its totals.
+   tools/demo_consumer.py) and show its totals;
+9. the job applied at step 2 (tools/demo_jobs.py: counts per key every 10 s window, run by
+   the workers once the window is persisted): wait until its first window succeeded and
+   show its runs as `quire jobs runs` does.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pathlib import Path
 
 from quire.client import AppendService, Client, Mapper, encode, read_messages
 from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+from tools import demo_jobs
+from tools.local_cluster import ROOT
 from tools.output import line_buffered, make_console, make_table
 from tools.services import ServiceError
 from tools.services.process import free_port
@@ -38,17 +44,24 @@ PERSIST_WAIT = 90.0
 
 
 def _specs(store: str) -> list[JournalSpec]:
-    return [JournalSpec(name=f"demo/events/part-{i:03d}", replication=2,
-                        labels=LabelSet.of({"topic": "events", "content-type": "application/x-ndjson"}),
-                        fragment=FragmentSpec(length=32 << 10, compression_codec=Codec.GZIP,
-                                              stores=(store,), refresh_interval=1.0))
-            for i in range(PARTITIONS)]
+    # flush_interval: once the appends stop, the last fragments are closed and persisted
+    # within a minute, so the job's windows (tools/demo_jobs.py) complete during the demo.
+    fragment = FragmentSpec(length=32 << 10, compression_codec=Codec.GZIP, stores=(store,),
+                            refresh_interval=1.0, flush_interval=60.0)
+    ndjson = {"content-type": "application/x-ndjson"}
+    return [*(JournalSpec(name=f"demo/events/part-{i:03d}", replication=2,
+                          labels=LabelSet.of({"topic": "events", **ndjson}), fragment=fragment)
+              for i in range(PARTITIONS)),
+            JournalSpec(name=demo_jobs.OUTPUT, replication=2, labels=LabelSet.of(ndjson),
+                        fragment=fragment)]
 
 
-async def _scenario(endpoints: list[str], store: str) -> list[str]:
+async def _scenario(endpoints: list[str], store: str, etcd_url: str, data_dir: Path) -> list[str]:
     async with Client(endpoints, retry_timeout=30) as client:
         revision = await client.apply(_specs(store))
-        console.print(f"applied topic [bold]events[/]: {PARTITIONS} journals at etcd revision {revision}")
+        console.print(f"applied topic [bold]events[/]: {PARTITIONS} journals (and "
+                      f"{demo_jobs.OUTPUT}) at etcd revision {revision}")
+        await demo_jobs.apply_job(etcd_url, ROOT, data_dir)
 
         mapper = Mapper("topic=events", client)
         started = time.monotonic()
@@ -161,16 +174,16 @@ def main(data_dir: str | None = None) -> int:
             console.print(table)
             for note in cluster.notes:
                 console.print(f"note: {note}")
-            asyncio.run(_scenario(cluster.endpoints, cluster.store))
+            asyncio.run(_scenario(cluster.endpoints, cluster.store, cluster.etcd_url, root))
             # The batch job needs only the store; the cluster stays up meanwhile so the
             # index manifest keeps being refreshed by the workers.
             code = _spark_job(root, cluster.store)
             code = _streaming_job(cluster.endpoints) or code
             from tools.demo_consumer import consumer_step
-            from tools.local_cluster import ROOT
 
             code = consumer_step(cluster.endpoints, cluster.etcd_url, ROOT, cluster.store, MESSAGES,
                                  root / "consumer") or code
+            code = demo_jobs.show_runs(cluster.etcd_url, ROOT, MESSAGES) or code
             console.print("stopping the cluster")
     except (ServiceError, RuntimeError, OSError) as exc:
         console.print(f"[red]demo failed:[/] {' '.join(str(exc).split()[:80])}")
