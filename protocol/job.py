@@ -8,7 +8,7 @@ aligned time window when every one of those journals is persisted past the windo
     selector: "topic=events"
     window: 10s                 # 10s, 15m, 1h, 1d ... aligned to the Unix epoch
     target:
-      kind: celery              # any Celery task by name
+      kind: celery              # celery: any task by name | spark: spark/jobs/<name>
       name: workers.jobs_targets.window_counts
     args: {field: key}
     output: demo/job-counts     # the output journal
@@ -56,9 +56,8 @@ JOB_NAME_MIN, JOB_NAME_MAX = 1, 200
 MIN_WINDOW, MAX_WINDOW = 1.0, 31 * 86400.0
 MAX_RETRIES = 100
 MAX_CONCURRENT = 64
-TARGET_KINDS = ("celery",)
-"""Only Celery tasks so far; a Spark/Dask target started as a process is docs/jobs.md's
-"Not yet" (the run context it would get is the same)."""
+TARGET_KINDS = ("celery", "spark")
+"""`celery`: a Celery task by name; `spark`: a module of spark/jobs/ run as a process."""
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
@@ -120,7 +119,8 @@ def iso(t: float) -> str:
 
 class JobTarget(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = "celery"
-    """`celery`: any Celery task by name (the only kind so far)."""
+    """`celery`: any Celery task by name; `spark`: a module of spark/jobs/ started as a
+    process (`python -m spark.jobs.<name> --run '<run context JSON>'`)."""
     name: str = ""
 
     def validate(self, path: str = "target") -> None:
@@ -131,6 +131,9 @@ class JobTarget(msgspec.Struct, frozen=True, kw_only=True):
         parts = self.name.split(".")
         if not all(p.isidentifier() for p in parts):
             raise ValidationError(f"{path}.name", f"{self.name!r} is not a dotted Python name")
+        if self.kind == "spark" and len(parts) != 1:
+            raise ValidationError(f"{path}.name", f"{self.name!r}: a spark target names a module "
+                                                  "of spark/jobs/ (e.g. window_counts)")
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -4,6 +4,9 @@ A target runs by name, so no role imports another (DESIGN §2):
 
 * `kind: celery` — any Celery task by name. A task this worker has registered runs in
   this process, under the run's lease; any other is sent by name and awaited.
+* `kind: spark` — `python -m spark.jobs.<name> --run '<run context JSON>'`, a process in
+  the worker's process group (killed past the job's timeout); a non-zero exit fails the
+  attempt, and the last line it prints (JSON) is the run's result.
 
 Every target gets the same keyword arguments (the *run context*): `job`, `window_start`,
 `window_end`, `ranges` ({journal: [begin, end)}), `output`, `args`, `rerun`, `attempt`,
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -60,11 +66,41 @@ def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
 
 def run_target(spec: JobSpec, run: JobRun) -> Any:
     ctx = run_context(spec, run)
+    if spec.target.kind == "spark":
+        return _run_process(spec, ctx)
     task = app.tasks.get(spec.target.name)
     if task is not None:
         return task(**ctx)
     result = app.send_task(spec.target.name, kwargs=ctx)
     return result.get(timeout=spec.timeout, disable_sync_subtasks=False)
+
+
+def _run_process(spec: JobSpec, ctx: dict[str, Any]) -> Any:
+    # In the worker's process group (not a session of its own): whatever stops the worker's
+    # group stops the target too. Past the timeout the driver is killed; its JVM (PySpark's
+    # gateway) exits when the driver's pipe closes.
+    module = f"spark.jobs.{spec.target.name}"
+    proc = subprocess.Popen([sys.executable, "-m", module, "--run", json.dumps(ctx)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, err = proc.communicate(timeout=spec.timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise RuntimeError(f"{module} ran past the job's timeout ({spec.timeout:g}s)") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        tail = (err or out).strip().splitlines()[-5:]
+        raise RuntimeError(f"{module} exited {proc.returncode}: " + " | ".join(tail))
+    last = (out.strip().splitlines() or ["{}"])[-1]
+    try:
+        return json.loads(last)
+    except ValueError:
+        return {"stdout": last[:500]}
 
 
 # -- built-in targets ------------------------------------------------------------------

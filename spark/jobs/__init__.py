@@ -5,6 +5,8 @@ its output and returns what it wrote) and `main(argv)` for spark-submit.
 
 `minute_counts` is a continuous (Structured Streaming) job, run by
 `python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS.
+`window_counts` is a target of quire's own job scheduler (docs/jobs.md), run by the
+workers as `python -m spark.jobs.window_counts --run JSON`; it is not in JOBS either.
 """
 
 from __future__ import annotations

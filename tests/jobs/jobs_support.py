@@ -132,6 +132,14 @@ class Cluster:
         self.services.append(svc)
         return svc.start()
 
+    def start_single(self) -> Cluster:
+        """One coordinator for every journal (tests that pause none)."""
+        self.start_coordinator("coord-a", 8)
+        self.client = SyncClient([f"127.0.0.1:{self.ports['coord-a']}"], retry_timeout=30)
+        self.apply_journals(JOURNALS)
+        self.apply_journals((OUTPUT,), LabelSet.of({"topic": "job-output"}))
+        return self
+
     def start(self) -> Cluster:
         self.start_coordinator("coord-a", 2)
         self.client = SyncClient([f"127.0.0.1:{self.ports['coord-a']}"], retry_timeout=30)

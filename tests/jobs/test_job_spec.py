@@ -32,6 +32,8 @@ def test_windows_parse_aligned(text: object, seconds: int) -> None:
     ({"selector": "a in ("}, "selector", ""),
     ({"target": {"kind": "cron", "name": "x"}}, "target.kind", "expected one of"),
     ({"target": {"kind": "celery", "name": "not a name"}}, "target.name", "dotted"),
+    ({"target": {"kind": "spark", "name": "spark.jobs.window_counts"}}, "target.name",
+     "module of spark/jobs/"),
     ({"retries": -1}, "retries", "out of range"),
     ({"backoff": "soon"}, "backoff", "not a duration"),
     ({"start": "yesterday"}, "start", "not a time"),

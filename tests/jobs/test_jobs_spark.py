@@ -1,0 +1,82 @@
+"""A Spark target (local mode) run by the scheduler: `spark.jobs.window_counts` reads one
+window's offset ranges from the store and writes its counts through the quire sink with
+the run's `idempotency_key`; run again under the same key (a retried attempt), it lands
+nothing new.
+
+A Spark session takes minutes to start on the shared, loaded 2-core machine, so this runs
+when QUIRE_TEST_LONG=1 (the target's wiring — kind, module name — is checked in
+test_job_spec.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.jobs.jobs_support import JOURNALS, OUTPUT, REPO, WINDOW, Cluster, Writer, wait_until
+from tests.jobs.test_jobs_e2e import _succeeded
+
+pytestmark = [pytest.mark.spark, pytest.mark.long, pytest.mark.timeout(1500),
+              pytest.mark.skipif(not os.environ.get("QUIRE_TEST_LONG"),
+                                 reason="long test (Spark sessions under load): QUIRE_TEST_LONG=1")]
+
+
+def test_spark_target_writes_a_window_once_through_the_sink(etcd, etcd_root, redis_db,
+                                                             tmp_path) -> None:
+    cluster = Cluster(etcd=etcd, root=etcd_root, redis_url=redis_db.url, tmp=tmp_path)
+    writer = None
+    try:
+        cluster.start_single()
+        cluster.start_worker(concurrency=4, queues=("pulse",))
+        cluster.start_worker(concurrency=4)
+        cluster.start_beat()
+        writer = Writer(cluster.endpoints, JOURNALS)
+        writer.start()
+        cluster.apply_job({"name": "spark", "selector": "topic=job-events",
+                           "window": f"{WINDOW}s", "output": OUTPUT, "max_concurrent": 1,
+                           "target": {"kind": "spark", "name": "window_counts"},
+                           "args": {"field": "key"}, "retries": 2, "backoff": "1s",
+                           "timeout": "15m"})
+        ran = wait_until(lambda: _succeeded(cluster, "spark"), 900, "a Spark run to succeed")[0]
+        cluster.cli("jobs", "delete", "spark")  # no more runs: the rows below are this one's
+        writer.stop()
+        writer = None
+        key = f"job/spark/{ran.window_start}"
+        assert ran.result["idempotency_key"] == key, ran.result
+
+        def rows() -> list[dict]:
+            return [x for x in cluster.output_rows(OUTPUT)
+                    if x.get("job") == "spark" and x["window_start"] == ran.window_start]
+
+        first = rows()
+        assert first and all(x["key"].startswith("k") for x in first), first
+        assert sum(x["messages"] for x in first) == ran.result["messages"] > 0
+        for journal, (begin, end) in (ran.ranges or {}).items():
+            assert sum(x["messages"] for x in first if x["journal"] == journal) == \
+                cluster.lines_in(journal, begin, end)
+        assert len({(x["journal"], x["key"]) for x in first}) == len(first)
+
+        # A retried attempt: the same run context (same key), a new Spark application.
+        ctx = {"job": "spark", "window_start": ran.window_start, "window_end": ran.window_end,
+               "ranges": {j: list(r) for j, r in (ran.ranges or {}).items()},
+               "output": OUTPUT, "args": {"field": "key"}, "rerun": 0, "attempt": 2,
+               "brokers": cluster.endpoints,
+               "stores": {j: cluster.store for j in (ran.ranges or {})},
+               "idempotency_key": key}
+        again = subprocess.run([sys.executable, "-m", "spark.jobs.window_counts",
+                                "--run", json.dumps(ctx)], cwd=REPO, capture_output=True,
+                               text=True, timeout=900)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert json.loads(again.stdout.strip().splitlines()[-1])["messages"] == \
+            ran.result["messages"]
+        assert rows() == first  # nothing landed twice
+    except BaseException:
+        print(cluster.dump(60))
+        raise
+    finally:
+        if writer is not None:
+            writer.stop()
+        cluster.close()
