@@ -271,7 +271,11 @@ def failover() -> float:
         f"{res['acked']} appends acknowledged, none lost")
 
     state = ps()[service]
-    say(f"{service} after the kill: {state['State']} ({state.get('Status', '')}); docker start {container}")
+    gone = wait(f"{route['primary']} dropped from the members (its lease expired)",
+                lambda: not any(b["id"] == route["primary"] for b in step("brokers")["brokers"]) or None,
+                120, every=5)
+    say(f"{service} after the kill: {state['State']} ({state.get('Status', '')}), "
+        f"{route['primary']} no longer a member: {gone}; docker start {container}")
     docker("start", container)
 
     def rejoined():
