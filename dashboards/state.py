@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.parse
 from typing import Any
 
 import aetcd
@@ -22,6 +21,7 @@ from fragment_store.index_keys import STATS_KEY, decode_stats
 from fragment_store.stats import StoreStats
 from protocol import ProcessId
 from quire.client import Client
+from topology.etcd import client_for
 
 from .shards import shard_rows
 from .topology import Topology, consistency, decode, labels_of, route_of
@@ -75,9 +75,7 @@ class StateCollector:
 
     async def _topology(self) -> Topology:
         if self._etcd is None:
-            u = urllib.parse.urlsplit(self.etcd_url if "://" in self.etcd_url else f"http://{self.etcd_url}")
-            client = aetcd.Client(host=u.hostname or "127.0.0.1", port=u.port or 2379,
-                                  timeout=self.timeout)
+            client = client_for(self.etcd_url, timeout=self.timeout)
             await asyncio.wait_for(client.connect(), self.timeout)
             self._etcd = client
         try:

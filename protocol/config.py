@@ -77,7 +77,14 @@ _DEFAULT_DATA = default_data_dir()
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     etcd_url: str = "http://127.0.0.1:2379"
+    """One etcd member's client URL, or several comma-separated (a cluster: clients
+    fail over between them); https:// with etcd_ca."""
     etcd_root: str = "/quire"
+    etcd_ca: str | None = None
+    """PEM CA that etcd's server certificates chain to (https:// endpoints)."""
+    etcd_cert: str | None = None
+    """PEM client certificate presented to etcd; its common name is the etcd user."""
+    etcd_key: str | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
     store_url: str = (_DEFAULT_DATA / "fragments").as_uri() + "/"
     s3_endpoint: str | None = None
@@ -117,7 +124,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def etcd_host_port(self) -> tuple[str, int]:
-        u = urlsplit(self.etcd_url)
+        """The first etcd endpoint's host and port."""
+        u = urlsplit(self.etcd_url.split(",")[0])
         return u.hostname or "127.0.0.1", u.port or 2379
 
     @property
@@ -160,6 +168,22 @@ def _http_url(value: Any) -> str:
     if not ok:
         raise ValueError("expected an http(s) URL like http://127.0.0.1:2379")
     return s.rstrip("/")
+
+
+def _http_urls(value: Any) -> str:
+    """One http(s) URL, or several comma-separated with one scheme (an etcd cluster)."""
+    parts = [p.strip() for p in _text(value).split(",") if p.strip()]
+    if not parts:
+        raise ValueError("expected an http(s) URL like http://127.0.0.1:2379")
+    try:
+        urls = [_http_url(p) for p in parts]
+    except ValueError:
+        raise ValueError("expected http(s) URLs like http://etcd-a:2379,http://etcd-b:2379"
+                         if len(parts) > 1 else "expected an http(s) URL like http://127.0.0.1:2379"
+                         ) from None
+    if len({u.split("://")[0] for u in urls}) > 1:
+        raise ValueError("expected one scheme for every URL, not both http:// and https://")
+    return ",".join(urls)
 
 
 def _etcd_root(value: Any) -> str:
@@ -275,8 +299,11 @@ def _choice(*choices: str, upper: bool = False) -> Callable[[Any], str]:
 
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {
-    "etcd_url": _http_url,
+    "etcd_url": _http_urls,
     "etcd_root": _etcd_root,
+    "etcd_ca": _file,
+    "etcd_cert": _file,
+    "etcd_key": _file,
     "redis_url": _redis_url,
     "store_url": _store_url,
     "s3_endpoint": _endpoint,

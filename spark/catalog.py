@@ -95,13 +95,15 @@ def etcd_specs(endpoint: str, root: str) -> dict[str, LabelSet]:
     import msgspec
 
     async def fetch() -> list[tuple[bytes, bytes]]:
-        import aetcd
+        from topology.etcd import client_for
 
-        host, _, port = endpoint.replace("http://", "").partition(":")
-        async with aetcd.Client(host=host or "127.0.0.1", port=int(port or 2379)) as client:
+        client = client_for(endpoint)
+        try:
             prefix = f"{root}/journals/".encode()
             result = await client.get_prefix(prefix)
             return [(kv.key, kv.value) for kv in result]
+        finally:
+            await client.close()
 
     try:
         pairs = asyncio.run(fetch())

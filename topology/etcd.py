@@ -17,15 +17,18 @@ wait for in their KeySpace to read their own writes.
 
 from __future__ import annotations
 
-import urllib.parse
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
+import grpc
 from aetcd import rpc
 
 from protocol import ProcessId
 from protocol.errors import EtcdTransactionFailed, QuireError, Unavailable
+
+from .etcd_client import EtcdClient, EtcdEndpointError, EtcdTLS, parse_endpoints
 
 __all__ = [
     "AssignmentConflict",
@@ -41,7 +44,9 @@ __all__ = [
     "cmp_mod",
     "cmp_value",
     "cmp_version",
+    "client_for",
     "connect",
+    "describe_etcd_error",
     "delete_op",
     "journal_key",
     "journals_prefix",
@@ -86,22 +91,78 @@ class EtcdError(Unavailable):
 
 # -- connecting ---------------------------------------------------------------------------
 
-async def connect(url: str, *, timeout: float | None = 10.0) -> aetcd.Client:
-    """A connected aetcd client for `http://host:port` (or bare `host:port`).
+def client_for(url: str, *, timeout: float | None = 10.0,
+               tls: EtcdTLS | None = None) -> EtcdClient:
+    """An unconnected client for `url`: one or several comma-separated endpoints
+    (`http://a:2379,http://b:2379`; `https://` with `tls`, or with QUIRE_ETCD_CA,
+    QUIRE_ETCD_CERT and QUIRE_ETCD_KEY in the environment when `tls` is None)."""
+    try:
+        endpoints = parse_endpoints(url)
+        return EtcdClient(endpoints, tls=tls if tls is not None else EtcdTLS.from_env(),
+                          timeout=timeout)
+    except EtcdEndpointError as exc:
+        raise TopologyError(f"etcd: {exc} (set by QUIRE_ETCD_URL or --etcd)") from None
+
+
+async def connect(url: str, *, timeout: float | None = 10.0, tls: EtcdTLS | None = None,
+                  probe: float | None = None) -> EtcdClient:
+    """A connected client for `url` (see `client_for`).
 
     The per-call timeout bounds every unary RPC, so a dead etcd surfaces as an error
     instead of a hang; watches are long-lived streams and are not bounded by it.
+    With `probe` (seconds), one member must answer a status request within it, else
+    `EtcdError` names etcd, the URLs tried and the variable that sets them: what a
+    command-line tool wants, failing fast. Long-lived roles connect without a probe and
+    ride out an etcd that is not up yet with their own retries.
     """
-    parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-    if parsed.scheme not in ("http", ""):
-        raise TopologyError(f"etcd url {url!r}: only plain http:// is supported")
-    client = aetcd.Client(host=parsed.hostname or "127.0.0.1", port=parsed.port or 2379,
-                          timeout=timeout)
+    client = client_for(url, timeout=timeout, tls=tls)
     try:
         await client.connect()
-    except Exception as exc:  # noqa: BLE001 - map to our typed error
-        raise EtcdError(f"cannot connect to etcd at {url}: {exc}") from exc
+        if probe is not None:
+            await _probe(client, probe)
+    except BaseException as exc:
+        await client.close()
+        if isinstance(exc, EtcdError | asyncio.CancelledError):
+            raise
+        raise EtcdError(f"etcd unreachable at {client.url} (set by QUIRE_ETCD_URL or --etcd): "
+                        f"{describe_etcd_error(exc)}") from exc
     return client
+
+
+async def _probe(client: EtcdClient, seconds: float) -> None:
+    """Ask the members, each in turn, for their status until one answers."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    last: BaseException | None = None
+    for _ in client.endpoints:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            break
+        channel = client.channel
+        try:
+            await client.maintenancestub.Status(rpc.StatusRequest(), timeout=left,
+                                                metadata=client.metadata)
+            return
+        except rpc.AioRpcError as exc:
+            last = exc
+            client.fail_over(f"probe: {exc.code().name}", channel=channel)
+            await client.connect()
+    raise EtcdError(f"etcd unreachable at {client.url} (set by QUIRE_ETCD_URL or --etcd): "
+                    f"{describe_etcd_error(last) if last else f'no answer within {seconds:g} s'}")
+
+
+def describe_etcd_error(exc: BaseException) -> str:
+    """One line for a gRPC failure, without gRPC's debug string."""
+    if isinstance(exc, rpc.AioRpcError):
+        code = exc.code()
+        details = (exc.details() or "").split(";")[0].strip()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return f"no member answered ({details or 'connection refused'})"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "no answer in time"
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            return f"refused: {details}"
+        return f"{code.name}: {details}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -241,9 +302,12 @@ async def txn(client: aetcd.Client, compare: list[Any], success: list[Any],
     """Run one etcd transaction; gRPC failures become EtcdError."""
     await client.connect()
     request = rpc.TxnRequest(compare=compare, success=success, failure=failure or [])
+    channel = client.channel
     try:
         resp = await client.kvstub.Txn(request, timeout=client._timeout,  # noqa: SLF001
                                        metadata=client.metadata)
     except rpc.AioRpcError as exc:
-        raise EtcdError(f"etcd txn failed: {exc.code().name}: {exc.details()}") from exc
+        if isinstance(client, EtcdClient):
+            client.note(exc, channel)
+        raise EtcdError(f"etcd txn failed: {describe_etcd_error(exc)}") from exc
     return TxnResult(bool(resp.succeeded), int(resp.header.revision), tuple(resp.responses))

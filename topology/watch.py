@@ -27,6 +27,7 @@ import aetcd
 from aetcd import rpc
 
 from .etcd import prefix_end
+from .etcd_client import EtcdClient
 
 __all__ = ["WatchEnded", "watch_events"]
 
@@ -54,16 +55,26 @@ async def watch_events(client: aetcd.Client, key: bytes, start_revision: int, *,
         while True:
             yield await requests.get()
 
-    call = rpc.WatchStub(client.channel).Watch(outgoing(), metadata=client.metadata)
+    # `hasleader`: a member that loses its leader (cut off from the quorum) cancels
+    # the watch instead of keeping it silently open (clientv3's WithRequireLeader).
+    channel = client.channel
+    call = rpc.WatchStub(channel).Watch(outgoing(), metadata=(*(client.metadata or ()),
+                                                              ("hasleader", "true")))
     try:
         async for resp in call:
             if resp.compact_revision:
                 raise WatchEnded(f"compacted at {resp.compact_revision}", resp.compact_revision)
             if resp.canceled:
+                if isinstance(client, EtcdClient) and "leader" in resp.cancel_reason:
+                    client.fail_over(f"watch: {resp.cancel_reason}", channel=channel)
                 raise WatchEnded(f"watch cancelled: {resp.cancel_reason}")
             if resp.created or not resp.events:
                 continue
             yield resp
         raise WatchEnded("watch stream closed by etcd")
+    except rpc.AioRpcError as exc:
+        if isinstance(client, EtcdClient):
+            client.note(exc, channel)
+        raise
     finally:
         call.cancel()

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 import aetcd
 import msgspec
 
 from protocol.logs import get_logger
 from protocol import JournalSpec
+from topology.etcd import TopologyError, client_for
 from workers.errors import TopologyUnavailable
 
 __all__ = ["Topology", "JournalTopology", "read_topology", "read_journal"]
@@ -58,9 +58,10 @@ def _parse_assign_key(rest: str) -> tuple[str, str, int] | None:
 
 
 async def _with_client(etcd_url: str, timeout: float, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
-    u = urlsplit(etcd_url)
-    client = aetcd.Client(host=u.hostname or "127.0.0.1", port=u.port or 2379,
-                          timeout=max(1, int(timeout)), connect_wait_timeout=max(1, int(timeout)))
+    try:
+        client = client_for(etcd_url, timeout=max(1, int(timeout)))
+    except TopologyError as exc:
+        raise TopologyUnavailable(str(exc)) from None
     try:
         return await asyncio.wait_for(fn(client), timeout)
     except (asyncio.TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:

@@ -1,4 +1,4 @@
-"""A single-member etcd on loopback, for tests and `quire up`."""
+"""etcd for tests and `quire up`: one member on loopback, or a cluster of several."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from tools.services.process import Service, ServiceError, free_port
 
-__all__ = ["EtcdService", "prefix_range_end"]
+__all__ = ["EtcdCluster", "EtcdService", "prefix_range_end"]
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -41,6 +41,9 @@ class EtcdService(Service):
         client_port: int | None = None,
         peer_port: int | None = None,
         binary: str = "etcd",
+        listen_host: str = "127.0.0.1",
+        initial_cluster: str | None = None,
+        cluster_token: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -48,10 +51,18 @@ class EtcdService(Service):
         self.peer_port = peer_port or free_port()
         self.data_dir = self.workdir / "data"
         self.binary = binary
+        self.listen_host = listen_host
+        self.initial_cluster = initial_cluster
+        """`name=http://host:peer,...` of every member; None: a cluster of this one."""
+        self.cluster_token = cluster_token
 
     @property
     def host(self) -> str:
-        return "127.0.0.1"
+        return self.listen_host
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.listen_host}:{self.peer_port}"
 
     @property
     def port(self) -> int:
@@ -59,7 +70,7 @@ class EtcdService(Service):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.listen_host}:{self.client_port}"
 
     def describe(self) -> str:
         return self.url
@@ -70,8 +81,8 @@ class EtcdService(Service):
             raise ServiceError(
                 f"{self.binary!r} not found on PATH; install the Debian package etcd-server"
             )
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        return [
+        peer = self.peer_url
+        argv = [
             exe,
             "--name", self.name,
             "--data-dir", str(self.data_dir),
@@ -79,8 +90,11 @@ class EtcdService(Service):
             "--advertise-client-urls", self.url,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={peer}",
         ]  # fmt: skip
+        if self.cluster_token:
+            argv += ["--initial-cluster-token", self.cluster_token]
+        return argv
 
     def build_env(self) -> dict[str, str]:
         env = super().build_env()
@@ -134,3 +148,59 @@ class EtcdService(Service):
         """Environment that points quire processes at this etcd."""
         return {"QUIRE_ETCD_URL": self.url}
 
+
+
+class EtcdCluster:
+    """Several etcd members forming one cluster (three by default), each an
+    `EtcdService` with its own data dir; `url` lists every member's client URL, the
+    form `QUIRE_ETCD_URL` takes. Members can be killed and started one by one: a
+    member started again rejoins with its data, as after a crash."""
+
+    def __init__(self, size: int = 3, *, name: str = "etcd", workdir: Any = None,
+                 listen_hosts: list[str] | None = None, **kwargs: Any) -> None:
+        import secrets
+        from pathlib import Path
+
+        hosts = listen_hosts or ["127.0.0.1"] * size
+        if len(hosts) != size:
+            raise ServiceError(f"etcd cluster of {size}: got {len(hosts)} hosts")
+        names = [f"{name}-{i}" for i in range(size)]
+        peers = [free_port() for _ in range(size)]
+        initial = ",".join(f"{n}=http://{h}:{p}" for n, h, p in zip(names, hosts, peers, strict=True))
+        token = f"quire-{secrets.token_hex(4)}"
+        self.members = [
+            EtcdService(n, peer_port=p, listen_host=h, initial_cluster=initial,
+                        cluster_token=token,
+                        workdir=None if workdir is None else Path(workdir) / n, **kwargs)
+            for n, h, p in zip(names, hosts, peers, strict=True)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(m.url for m in self.members)
+
+    def client_env(self) -> dict[str, str]:
+        return {"QUIRE_ETCD_URL": self.url}
+
+    def start(self) -> "EtcdCluster":
+        # Every member must be running before any is ready: the first one waits for
+        # a quorum to elect a leader.
+        for member in self.members:
+            member.start(wait=False)
+        try:
+            for member in self.members:
+                member.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+
+    def __enter__(self) -> "EtcdCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

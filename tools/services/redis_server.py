@@ -28,9 +28,12 @@ class RedisService(Service):
         databases: int = 16,
         binary: str = "redis-server",
         appendonly: bool = False,
+        listen_host: str = "127.0.0.1",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        self.listen_host = listen_host
+        """The address it binds and clients use (a host's, inside tools.hosts)."""
         self.port = port or free_port()
         self.appendonly = appendonly
         self.databases = databases
@@ -38,10 +41,10 @@ class RedisService(Service):
 
     @property
     def host(self) -> str:
-        return "127.0.0.1"
+        return self.listen_host
 
     def url_for(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        return f"redis://{self.listen_host}:{self.port}/{db}"
 
     @property
     def url(self) -> str:
@@ -59,7 +62,10 @@ class RedisService(Service):
         return [
             exe,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", self.listen_host,
+            # Off the loopback (a host of tools.hosts) Redis 7 refuses password-less
+            # clients unless told its bind address is meant to be reached.
+            "--protected-mode", "yes" if self.listen_host.startswith("127.") else "no",
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
@@ -71,7 +77,7 @@ class RedisService(Service):
         ]  # fmt: skip
 
     def client(self, db: int = 0, **kwargs: Any) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db, **kwargs)
+        return redis.Redis(host=self.listen_host, port=self.port, db=db, **kwargs)
 
     def probe(self) -> bool:
         with self.client(socket_timeout=1.0, socket_connect_timeout=1.0) as r:
