@@ -154,7 +154,9 @@ def test_coordinators_span_zones_and_advertise_their_own_name() -> None:
         opts = dict(zip(cmd[2::2], cmd[3::2], strict=True))
         host = opts["--listen"].rsplit(":", 1)[0]
         assert host == name == services()[name].get("hostname", name)
-        assert opts["--etcd"].removeprefix("http://").split(":")[0] in services()
+        # Every etcd member, so losing the one a coordinator talks to is invisible (#31).
+        members = [u.removeprefix("http://").split(":")[0] for u in opts["--etcd"].split(",")]
+        assert len(members) == 3 and all(m in services() for m in members)
         assert "--metrics-port" in opts and "--redis" in opts
         # Prometheus runs in another container: metrics bind beyond loopback, no relay.
         assert opts["--metrics-addr"] == "0.0.0.0"
