@@ -223,6 +223,12 @@ class Keyring:
     def __repr__(self) -> str:
         return f"Keyring({len(self._keys)} keys, audience={self.audience!r})"
 
+    def task_keys(self) -> list[bytes]:
+        """Keys for signing Celery task messages, derived from these (task_signing.py)."""
+        from .task_signing import signing_keys
+
+        return signing_keys(self._keys)
+
     # -- minting ---------------------------------------------------------------------
 
     def mint(self, caps: Capability, scope: Scope, ttl: float, subject: str,

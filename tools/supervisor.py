@@ -135,7 +135,7 @@ class Supervisor:
 
 def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
                    zones: int, port: int, output: str = "table", tls: bool = False,
-                   auth: bool = False, restart: bool = True) -> int:
+                   auth: bool = False, restart: bool = True, secure: bool = False) -> int:
     """`quire up`: start, print what runs where, supervise until Ctrl-C/SIGTERM, stop."""
     from protocol.config import default_data_dir
     from tools.output import line_buffered, make_console, make_table
@@ -152,7 +152,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     data = Path(data_dir) if data_dir else Path(os.environ.get("QUIRE_DATA_DIR")
                                                 or default_data_dir())
     cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port, tls=tls, auth=auth)
+                           zones=zones, port=port, tls=tls, auth=auth, secure=secure)
     started = time.monotonic()
     try:
         cluster.start()
@@ -162,6 +162,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                               "dashboard": cluster.dashboard_url, "tls": cluster.tls_env(),
                               "auth": ({"keys_file": cluster.keys_file, "token": cluster.admin_token}
                                        if cluster.keys_file else {}),
+                              "secure": cluster.secure_exports(),
                               "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
                   flush=True)
         else:
@@ -178,6 +179,8 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                       + (f"auth: export QUIRE_TOKEN={cluster.admin_token}\n"
                          f"auth: export QUIRE_AUTH_KEYS_FILE={cluster.keys_file}  "
                          f"# to mint more: quire auth token …\n" if cluster.keys_file else "")
+                      + "".join(f"secure: export {k}={v}\n"
+                                for k, v in cluster.secure_exports().items())
                       + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
                       + ("members that exit are restarted" if restart else
                          "members that exit stay down (--no-restart)")

@@ -69,7 +69,7 @@ def _run(etcd: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
     url = etcd or os.environ.get("QUIRE_ETCD_URL") or "http://127.0.0.1:2379"
 
     async def main() -> T:
-        client = await connect(url)
+        client = await connect(url, probe=10.0, root=_root(None))
         try:
             return await body(client)
         finally:
