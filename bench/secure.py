@@ -72,7 +72,7 @@ async def _append(s: FrameStream, data: bytes) -> AppendResponse:
     return await append_once(s, JOURNAL, data)
 
 
-async def _prepare(v: Variant, timeout: float = 60.0) -> None:
+async def _prepare(v: Variant, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while True:  # the coordinators are starting
         try:
@@ -166,7 +166,8 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
             asyncio.run(_drive(variants, seconds, rounds))
     finally:
         stop_processes(procs)
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("QUIRE_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
     out: dict = {"benchmark": "append_r3_64k_secure", "append_bytes": SIZE, "connections": CONNS,
                  "rounds": rounds, "seconds_per_phase": seconds}
     for v in variants:
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     fig = secure_figures(args.seconds, args.rounds)
     for name in VARIANTS:
         r = fig[name]
-        print(f"64 KiB appends, R=3, {CONNS} connections, {name:5s}: {r['mb_s']:7.1f} MB/s  "
+        print(f"64 KiB appends, R=3, {CONNS} connections, {name:6s}: {r['mb_s']:7.1f} MB/s  "
               f"(rounds {r['all_mb_s']}, load {r['load_avg_1m']:.1f})")
     print(f"ratios: {fig['ratios']}")
     write_json(args.json, fig)

@@ -64,7 +64,8 @@ class DashboardServer:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port,
                                                   limit=MAX_HEAD, ssl=self.ssl,
-                                                  ssl_handshake_timeout=READ_TIMEOUT)
+                                                  ssl_handshake_timeout=READ_TIMEOUT
+                                                  if self.ssl is not None else None)
         self.port = self._server.sockets[0].getsockname()[1]
         scheme = "https" if self.ssl is not None else "http"
         log.info("dashboard listening", url=f"{scheme}://{self.host}:{self.port}/",

@@ -73,7 +73,8 @@ DEFAULT_AUDIENCE = "quire"
 PEER_TTL = 120.0
 """Lifetime of a token a coordinator derives for a peer hop (checked at the hop's Hello)."""
 PEER_READ_TTL = 3600.0
-"""Lifetime of a derived token for a proxied read, which is cut when its token expires."""
+"""Lifetime of a derived token for a proxied read or a replication pipeline, which are cut
+when their token expires (Gazette's 1 h)."""
 
 
 class TokenError(QuireError):

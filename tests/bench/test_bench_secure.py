@@ -6,7 +6,7 @@ import pytest
 
 from bench.secure import secure_figures
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(420)
 
 
 def test_secure_figures_smoke() -> None:
