@@ -9,7 +9,8 @@ STAMP := $(VENV)/.quire-installed
 
 # Debian package:binary pairs; a package is installed only if its binary is missing.
 SYSTEM_PACKAGES := etcd-server:etcd etcd-client:etcdctl redis-server:redis-server \
-                   openjdk-17-jre-headless:java chromium:chromium
+                   openjdk-17-jre-headless:java chromium:chromium \
+                   iproute2:ip nftables:nft
 
 # First python3.x >= 3.11 on PATH, unless given: make install PYTHON=/path/to/python3.12
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
@@ -50,7 +51,18 @@ test: install
 run: install
 	$(VENV)/bin/quire demo </dev/null
 
-bench: install
+# The replicated peers of the bench (NATS JetStream) are installed here, not by `make test`.
+BENCH_STAMP := $(VENV)/.quire-bench-installed
+
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	@command -v nats-server >/dev/null 2>&1 || [[ -x /usr/sbin/nats-server ]] || { \
+	  sudo=""; [[ $$(id -u) -eq 0 ]] || sudo=sudo; \
+	  $$sudo apt-get update -q; \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nats-server; }
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench: install $(BENCH_STAMP)
 	$(VENV)/bin/quire bench --quick
 
 # The import graph of the tree: checks the layers and redraws the picture in the docs.

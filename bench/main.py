@@ -35,6 +35,7 @@ from .limits import measure_limits
 from .matrix import append_case, message_rate
 from .peers import measure_redis, size_name
 from .pipeline_ref import PipelineRef, ref_case
+from .replicated import run_replicated
 from .rss import measure_rss
 
 __all__ = ["command", "run_bench", "ratios"]
@@ -241,23 +242,60 @@ def render(fig: dict[str, Any], console: Console) -> None:
     console.print(lim)
 
 
+def render_replicated(rep: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"R=3 against replicated peers, same run: median and spread over "
+                    f"{rep['repeat']} repetition(s) (ratio > 1: quire faster)")
+    for col in ("ratio", "median", "min", "max"):
+        t.add_column(col, justify="right" if col != "ratio" else "left")
+    for key, v in rep["summary"].items():
+        if key.startswith("ratio_"):
+            t.add_row(key[len("ratio_"):], _fmt(v["median"], 2), _fmt(v["min"], 2), _fmt(v["max"], 2))
+    console.print(t)
+    f = Table(title="figures (median ops/s)")
+    f.add_column("system · shape")
+    f.add_column("ops/s", justify="right")
+    f.add_column("MB/s", justify="right")
+    for key, v in rep["summary"].items():
+        if key.endswith("_ops") and not key.startswith("ratio_"):
+            mb = rep["summary"].get(key[:-4] + "_mbps", {}).get("median")
+            f.add_row(key[:-4], _fmt(v["median"], 0), _fmt(mb))
+    console.print(f)
+    if rep.get("kafka_skipped"):
+        console.print(rep["kafka_skipped"])
+
+
 def command(
-    quick: bool = typer.Option(False, "--quick", help="Short cases (about two minutes)."),
+    quick: bool = typer.Option(False, "--quick", help="Short cases (about two minutes, plus "
+                               "about 40 s per repetition of the replicated peers)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write every figure here."),
     coordinators: int = typer.Option(3, "--coordinators", min=3, max=5),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=50,
+                               help="Repetitions of the comparison with the replicated peers "
+                               "(NATS JetStream R=3, Redis + WAIT 2); medians and spreads."),
+    peers: bool = typer.Option(True, "--peers/--no-peers",
+                               help="Run the replicated peers (needs `make bench`)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the work directory."),
     log_level: str = typer.Option("WARNING", "--log-level"),
 ) -> None:
-    """Benchmark quire against Redis Streams and the machine's SHA-1 / loopback limits."""
+    """Benchmark quire against Redis Streams, replicated brokers (NATS JetStream R=3, Redis
+    with two replicas) and the machine's SHA-1 / loopback limits."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
     console = Console(width=150)
     workdir = Path(tempfile.mkdtemp(prefix="quire-bench-"))
     try:
         fig = run_bench(quick, workdir, coordinators, console)
+        if peers:
+            console.log(f"replicated peers: {repeat} repetition(s)")
+            fig["replicated"] = run_replicated(workdir / "replicated", repeat=repeat,
+                                               seconds=1.0 if quick else 3.0,
+                                               coordinators=coordinators,
+                                               say=lambda m: console.log(m))
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     render(fig, console)
+    if "replicated" in fig:
+        render_replicated(fig["replicated"], console)
     if json_out is not None:
         json_out.write_text(json.dumps(fig, indent=1, sort_keys=True))
         console.print(f"figures written to {json_out}")

@@ -47,6 +47,12 @@ def command(
                        "auth_keys_file": auth_keys_file, "tls_cert": tls_cert, "tls_key": tls_key,
                        "tls_ca": tls_ca, "tls_client_auth": tls_client_auth})
     configure_logging(s.log_format, s.log_level)
+    advertise = _checked_endpoint(advertise)
+    if advertise is None and _wildcard(s.listen.rpartition(":")[0]):
+        # Peers and clients dial what we announce: "every interface" is no address.
+        raise typer.BadParameter(f"{s.listen} listens on every interface, which peers and "
+                                 "clients cannot dial; give --advertise host:port with this "
+                                 "host's own address", param_hint="--listen")
     keyring, server_ssl, peer_ssl = _security(s)
     cfg = ServerConfig(zone=s.zone, suffix=s.broker_id, listen=s.listen, etcd_url=s.etcd_url,
                        root=s.etcd_root, spool_dir=s.spool_dir,
@@ -55,7 +61,7 @@ def command(
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
                        drain_timeout=drain_timeout, run_allocator=not no_allocator,
-                       advertise=_checked_endpoint(advertise),
+                       advertise=advertise,
                        keyring=keyring, server_ssl=server_ssl, peer_ssl=peer_ssl)
     persister = None
     if redis:
@@ -149,7 +155,15 @@ def _checked_endpoint(value: Optional[str]) -> Optional[str]:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise typer.BadParameter(f"expected host:port, got {value!r}", param_hint="--advertise")
+    if _wildcard(host):
+        raise typer.BadParameter(f"{value} is no address peers can dial; give this host's own",
+                                 param_hint="--advertise")
     return value
+
+
+def _wildcard(host: str) -> bool:
+    """True for a bind-everything host (empty, 0.0.0.0, ::)."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
 
 
 def main() -> None:

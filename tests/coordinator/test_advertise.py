@@ -55,3 +55,17 @@ async def test_peers_replicate_through_the_advertised_endpoint(etcd, etcd_root) 
         for p in proxies:
             await p.close()
         shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+def test_a_wildcard_listen_needs_an_advertised_address() -> None:
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "coordinator.main", "--zone", "a", "--id", "node-w",
+            "--etcd", "http://127.0.0.1:9"]
+    out = subprocess.run([*base, "--listen", "0.0.0.0:8080"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "--listen" in out.stderr and "--advertise" in out.stderr
+    out = subprocess.run([*base, "--listen", "0.0.0.0:8080", "--advertise", "[::]:8080"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no address peers can dial" in out.stderr

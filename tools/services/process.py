@@ -147,8 +147,11 @@ class Service:
         probe: Callable[[], bool] | None = None,
         ready_timeout: float | None = None,
         stop_timeout: float | None = None,
+        netns: str | None = None,
     ) -> None:
         self.name = name
+        self.netns = netns
+        """A network namespace to run in (`ip netns exec`): a host of tools.hosts."""
         self._argv = list(argv) if argv is not None else None
         self._extra_env = dict(env or {})
         self._probe = probe
@@ -211,6 +214,8 @@ class Service:
         if self.running:
             raise ServiceError(f"{self.name} is already running (pid {self.pid})")
         argv = self.build_argv()
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]  # exec: the pid stays ours
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
             log.write(f"--- quire: starting {' '.join(argv)}\n".encode())

@@ -31,9 +31,12 @@ class RedisService(Service):
         tls: Any = None,
         aclfile: str | None = None,
         probe_user: tuple[str, str] | None = None,
+        listen_host: str = "127.0.0.1",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        self.listen_host = listen_host
+        """The address it binds and clients use (a host's, inside tools.hosts)."""
         self.tls = tls
         """(ca, cert, key) files: serve TLS only (`--port 0 --tls-port`), clients verify
         the server by the CA (tools/secure_cluster.py)."""
@@ -48,12 +51,12 @@ class RedisService(Service):
 
     @property
     def host(self) -> str:
-        return "127.0.0.1"
+        return self.listen_host
 
     def url_for(self, db: int = 0) -> str:
         if self.tls is not None:
-            return f"rediss://127.0.0.1:{self.port}/{db}?ssl_ca_certs={self.tls.ca}"
-        return f"redis://127.0.0.1:{self.port}/{db}"
+            return f"rediss://{self.listen_host}:{self.port}/{db}?ssl_ca_certs={self.tls.ca}"
+        return f"redis://{self.listen_host}:{self.port}/{db}"
 
     @property
     def url(self) -> str:
@@ -80,7 +83,10 @@ class RedisService(Service):
         return [
             exe,
             *secure,
-            "--bind", "127.0.0.1",
+            "--bind", self.listen_host,
+            # Off the loopback (a host of tools.hosts) Redis 7 refuses password-less
+            # clients unless told its bind address is meant to be reached.
+            "--protected-mode", "yes" if self.listen_host.startswith("127.") else "no",
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
@@ -96,7 +102,7 @@ class RedisService(Service):
             kwargs = {"ssl": True, "ssl_ca_certs": self.tls.ca, **kwargs}
         if self.probe_user is not None:
             kwargs = {"username": self.probe_user[0], "password": self.probe_user[1], **kwargs}
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db, **kwargs)
+        return redis.Redis(host=self.listen_host, port=self.port, db=db, **kwargs)
 
     def probe(self) -> bool:
         with self.client(socket_timeout=1.0, socket_connect_timeout=1.0) as r:
