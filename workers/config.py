@@ -58,6 +58,10 @@ _FIELDS = {
 }
 
 
+_TEXT_FIELDS = {"metrics_addr": "QUIRE_WORKER_METRICS_ADDR", "stores": "QUIRE_WORKER_STORES"}
+"""The settings that are not numbers (read below)."""
+
+
 def load_worker_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     env = os.environ if env is None else env
     values: dict[str, float | int] = {}
@@ -73,10 +77,10 @@ def load_worker_settings(env: Mapping[str, str] | None = None) -> WorkerSettings
             raise ConfigError(f"{var}: expected a number >= {minimum}, got {raw!r}")
         values[field] = value
     extra: dict[str, object] = {}
-    addr = env.get("QUIRE_WORKER_METRICS_ADDR", "").strip()
+    addr = env.get(_TEXT_FIELDS["metrics_addr"], "").strip()
     if addr:
         extra["metrics_addr"] = addr
-    stores = tuple(s.strip() for s in env.get("QUIRE_WORKER_STORES", "").split(",") if s.strip())
+    stores = tuple(s.strip() for s in env.get(_TEXT_FIELDS["stores"], "").split(",") if s.strip())
     if stores:
         extra["stores"] = stores
     return WorkerSettings(**values, **extra)  # type: ignore[arg-type]
