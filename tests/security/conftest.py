@@ -18,6 +18,11 @@ import pytest
 
 from tools.services import free_port
 
+# Spark's Python data-source workers are started from the JVM's environment, set before
+# the session's JVM starts (as tests/spark/conftest.py does).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
 
 @dataclass
 class SecureCluster:

@@ -354,6 +354,9 @@ def test_spark_reads_through_secure_etcd(secure_cluster: SecureCluster, spark, m
     register(spark)
     df = (spark.read.format("quire").option("store", c.info["store"])
           .option("selector", f"name={KEPT}").option("etcd", c.info["secure"]["QUIRE_ETCD_URL"])
+          .option("etcdCa", c.info["secure"]["QUIRE_ETCD_CA"])
+          .option("etcdCert", c.info["secure"]["QUIRE_ETCD_CERT"])
+          .option("etcdKey", c.info["secure"]["QUIRE_ETCD_KEY"])
           .option("framing", "raw").load())
     values = df.select("value").toArrow().column("value").to_pylist()
     assert sum(len(v) for v in values) >= 2 * len(LINE), values[:1]
