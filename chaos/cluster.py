@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,12 @@ class LocalCluster:
                  root: str = "/quire", redis: bool = False, s3: bool = False,
                  worker: bool = False, env: dict[str, str] | None = None,
                  workdir: str | Path | None = None, advertise: dict[int, str] | None = None,
-                 ports: dict[int, int] | None = None) -> None:
+                 ports: dict[int, int] | None = None,
+                 prepare: Callable[[int, CoordinatorService], None] | None = None) -> None:
         self.n = n
+        self.prepare = prepare
+        """Called with each coordinator before it first starts (e.g. its spool on a
+        faulty disk: chaos/local_faults.py)."""
         self.zones = list(zones)
         self.root = root
         self.want_redis, self.want_s3, self.want_worker = redis or worker, s3, worker
@@ -195,6 +199,8 @@ class LocalCluster:
                     root=self.root, port=self.ports.get(i), advertise=self.advertise.get(i),
                     redis_url=self.redis.url if self.redis else None, env=self.service_env(),
                     workdir=self.workdir / f"coord-{i}")
+                if self.prepare is not None:
+                    self.prepare(i, c)
                 self.coordinators.append(c)
             for c in self.coordinators:
                 c.start(wait=False)

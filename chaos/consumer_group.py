@@ -132,7 +132,9 @@ class ConsumerGroup:
     # -- setup ---------------------------------------------------------------------------
 
     async def start(self, admin: Client, *, etcd_url: str, root: str, store_url: str,
-                    brokers: list[str], env: dict[str, str], workdir: Path) -> None:
+                    brokers: list[str], env: dict[str, str], workdir: Path,
+                    hosts: list[Any] | None = None) -> None:
+        """`hosts`: member i runs on hosts[i] (tools.hosts), else on this machine."""
         self.etcd_url, self.root = etcd_url, root
         fragment = FragmentSpec(length=64 << 10, stores=(store_url,), refresh_interval=5.0)
         journals = [JournalSpec(name=n, replication=self.replication, fragment=fragment)
@@ -153,6 +155,8 @@ class ConsumerGroup:
                 etcd_url=etcd_url, root=root, brokers=brokers, ttl=self.cfg.ttl,
                 snapshot_interval=self.cfg.snapshot_interval, env=env,
                 workdir=workdir / f"consumer-{i}"))
+            if hosts:
+                hosts[i % len(hosts)].adopt(self.services[-1])
         for svc in self.services:
             svc.start(wait=False)
         for svc in self.services:

@@ -4,6 +4,7 @@ safety count is above zero.
     quire chaos --duration 300 --seed 7 --json chaos.json
     quire chaos --campaign 20 --duration 300 --seed 1 --campaign-doc docs/reliability.md
     quire chaos --no-consumers          # brokers only (no consumer group, no consumer faults)
+    quire chaos --hosts 5 --duration 120  # on simulated hosts, faults at the network layer
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from tools.services import ServiceError
 
 from .checker import SAFETY_KEYS, Report
 from .runner import ChaosConfig, default_history_path, run_chaos
-from .schedule import CONSUMER_KINDS, FaultKind
+from .net_faults import NET_LAYER_KINDS
+from .schedule import DISK_KINDS, CONSUMER_KINDS, FaultKind
+
+NET_LAYER_VALUES = frozenset(k.value for k in NET_LAYER_KINDS)
+PROXY_OR_SINGLE_ETCD = (FaultKind.NET_CLIENT, FaultKind.NET_PEER, FaultKind.PAUSE_ETCD,
+                        FaultKind.ETCD_RESTART)
 
 __all__ = ["command", "render", "main"]
 
@@ -60,6 +66,15 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
                   f"absent={report.counts['indefinite_absent']}; fragments checked="
                   f"{report.counts['fragments_checked']}; peer links proxied="
                   f"{meta.get('peer_links_proxied')}")
+    if meta.get("hosts"):
+        net = sum(n for k, n in report.faults.items() if k in NET_LAYER_VALUES)
+        minutes = float(meta["config"]["duration"]) / 60.0
+        console.print(f"hosts: {len(meta['hosts'])}; network-layer faults={net} "
+                      f"({net / minutes:.2f}/min)")
+        for kind, r in (meta.get("host_recovery") or {}).items():
+            console.print(f"recovery after {kind} of a primary's host: faults={r['faults']} "
+                          f"recovered={r['recovered']} p50={r['p50']}s max={r['max']}s "
+                          f"(lease TTL {meta['config']['lease_ttl']} s)")
     if meta.get("skipped_faults"):
         console.print(f"[yellow]faults skipped: {len(meta['skipped_faults'])}[/] "
                       f"({meta['skipped_faults'][0]})")
@@ -130,6 +145,12 @@ def command(
     consumer_rate: float = typer.Option(20.0, "--consumer-rate",
                                         help="Event appends per second to the consumers' "
                                              "sources (10 JSON lines each)."),
+    hosts: int = typer.Option(0, "--hosts", min=0,
+                              help="Run on simulated hosts (network namespaces; needs root): "
+                                   "this many coordinator hosts over three zones, a "
+                                   "three-member etcd on three more, S3/Redis, the worker "
+                                   "and each consumer member on their own; faults at the "
+                                   "network layer (chaos/net_faults.py)."),
 ) -> None:
     """Run a cluster under a seeded fault schedule while writers append; check the result."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
@@ -138,7 +159,7 @@ def command(
                       journals=journals, writers=writers, rate=rate, lease_ttl=lease_ttl,
                       identified=identified, consumers=consumers,
                       consumer_members=consumer_members, consumer_shards=consumer_shards,
-                      consumer_rate=consumer_rate,
+                      consumer_rate=consumer_rate, hosts=hosts,
                       workdir=str(workdir) if workdir else None,
                       history_path=str(history) if history else default_history_path(
                           str(json_out) if json_out else None))
@@ -147,6 +168,7 @@ def command(
             cfg.kinds = tuple(FaultKind(k.strip()) for k in kinds.split(",") if k.strip())
         except ValueError as exc:
             raise typer.BadParameter(f"{exc}; kinds are {', '.join(k.value for k in FaultKind)}")
+    _host_kinds(cfg, hosts, bool(kinds))
     if not consumers:
         cfg.kinds = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
     console = Console(width=150)
@@ -163,6 +185,36 @@ def command(
         json_out.write_text(json.dumps({**report.to_json(), "run": meta}, indent=1, default=str))
     if not report.safe:
         raise typer.Exit(1)
+
+
+def _host_kinds(cfg: ChaosConfig, hosts: int, chosen: bool) -> None:
+    """With --hosts: coordinators = hosts, network-layer kinds by default; kinds that
+    need a proxy or a single etcd process are refused (and the network-layer ones
+    without --hosts)."""
+    if not hosts:
+        bad = [k.value for k in cfg.kinds if k in NET_LAYER_KINDS]
+        if bad:
+            raise typer.BadParameter(f"{', '.join(bad)} need --hosts")
+        return
+    from tools.hosts import available
+
+    reason = available()
+    if reason is not None:
+        raise typer.BadParameter(f"--hosts: {reason}")
+    if hosts < 3:
+        raise typer.BadParameter(f"--hosts {hosts}: at least 3 (three zones)")
+    cfg.coordinators = hosts
+    cfg.zones = ("zone-a", "zone-b", "zone-c")
+    if not chosen:
+        cfg.kinds = NET_LAYER_KINDS + CONSUMER_KINDS
+    bad = [k.value for k in cfg.kinds if k in PROXY_OR_SINGLE_ETCD]
+    if bad:
+        raise typer.BadParameter(f"{', '.join(bad)} cannot run with --hosts (no proxies, "
+                                 f"etcd is three members: use the network-layer kinds)")
+    bad = [k.value for k in cfg.kinds if k in DISK_KINDS]
+    if bad:
+        raise typer.BadParameter(f"{', '.join(bad)} cannot run with --hosts yet (the hosts' "
+                                 f"spools are not on the fault-injecting filesystem)")
 
 
 def _campaign(cfg: ChaosConfig, n: int, doc: Path | None, out_dir: Path | None,

@@ -22,7 +22,8 @@ from topology.etcd import connect, members_prefix, range_op, txn
 from .cluster import CoordinatorService, LocalCluster
 from .history import FaultRecord, History
 from .proxy import Fault, FaultMode, FaultProxy
-from .schedule import CONSUMER_KINDS, FaultEvent, FaultKind
+from .local_faults import LocalFaults, delete_shard_lock
+from .schedule import CONSUMER_KINDS, DISK_KINDS, FaultEvent, FaultKind
 
 __all__ = ["ConsumerTargets", "Links", "Nemesis"]
 
@@ -65,6 +66,8 @@ class Nemesis:
         self.journals = journals
         self.routes = routes
         self.skipped: list[str] = []
+        self.local: LocalFaults | None = None
+        """Where the disk and clock kinds act (set by the runner when they are dealt)."""
 
     def _by_id(self, pid: str | None) -> CoordinatorService | None:
         for c in self.cluster.coordinators:
@@ -92,10 +95,19 @@ class Nemesis:
 
     async def apply(self, ev: FaultEvent) -> None:
         kind = ev.kind
+        if kind is FaultKind.DELETE_SHARD_LOCK:
+            await delete_shard_lock(self, ev)
+            return
         if kind in CONSUMER_KINDS:
             await self._consumer_fault(ev)
             return
         journal = self.journals[ev.journal % len(self.journals)]
+        if kind in DISK_KINDS:
+            if self.local is None:
+                self.skipped.append(f"{kind.value}@{ev.at}: spools not on faulty disks")
+                return
+            await self.local.apply(self, ev, journal)
+            return
         if kind in (FaultKind.KILL_PRIMARY, FaultKind.KILL_REPLICA, FaultKind.PAUSE_PRIMARY):
             primary, others = await self.routes(journal)
             pid = primary if kind is not FaultKind.KILL_REPLICA else (others[0] if others else None)

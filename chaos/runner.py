@@ -34,9 +34,11 @@ from .history import History
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
 from .readback import read_back
+from .local_faults import LocalFaults
 from .schedule import (
     CONSUMER_KINDS,
     DEFAULT_KINDS,
+    DISK_KINDS,
     FaultKind,
     ScheduleConfig,
     build_schedule,
@@ -64,7 +66,9 @@ class ChaosConfig:
     record_bytes: tuple[int, int] = (100, 1000)
     lease_ttl: int = 5
     fragment_length: int = 64 << 10
-    kinds: tuple[FaultKind, ...] = DEFAULT_KINDS + (FaultKind.KILL_WORKER,) + CONSUMER_KINDS
+    kinds: tuple[FaultKind, ...] = (DEFAULT_KINDS + (FaultKind.KILL_WORKER,) + CONSUMER_KINDS
+                                    + DISK_KINDS)
+    """The deck. The disk and clock kinds need root (mounts); without it they are dropped."""
     append_timeout: float = 20.0
     history_path: str | None = None
     workdir: str | None = None
@@ -79,6 +83,10 @@ class ChaosConfig:
     consumer_shards: int = 4
     consumer_rate: float = 20.0
     """Event appends per second to the consumers' sources (10 JSON lines each)."""
+    hosts: int = 0
+    """>0: every process on a simulated host (chaos/host_cluster.py), this many
+    coordinator hosts, a three-member etcd, faults at the network layer
+    (chaos/net_faults.py) instead of proxies."""
 
 
 @dataclass
@@ -86,13 +94,16 @@ class _Run:
     cfg: ChaosConfig
     history: History
     links: Links = field(default_factory=Links)
-    cluster: LocalCluster | None = None
+    cluster: Any = None
+    """A LocalCluster, or a HostCluster with --hosts."""
     journals: list[str] = field(default_factory=list)
     store_url: str = ""
     store_options: dict[str, Any] = field(default_factory=dict)
     advertise: bool = False
     resent: int = 0
     """Identified appends re-sent after an unknown outcome (the broker dedups them)."""
+    local: LocalFaults | None = None
+    """The coordinators' faulty disks, when a disk or clock kind is dealt."""
 
 
 async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
@@ -119,6 +130,14 @@ async def _wait_routed(admin: Client, run: _Run, timeout: float) -> bool:
 
 async def _setup(run: _Run) -> Client:
     cfg = run.cfg
+    if cfg.hosts:
+        from .host_cluster import HostCluster
+
+        run.cluster = HostCluster(cfg.hosts, consumers=cfg.consumer_members if cfg.consumers
+                                  else 0, env={"QUIRE_LEASE_TTL_SECONDS": str(cfg.lease_ttl)},
+                                  workdir=cfg.workdir)
+        await asyncio.to_thread(run.cluster.start)
+        return await _journals(run)
     ports = {i: free_port() for i in range(cfg.coordinators)}
     for i, port in ports.items():
         run.links.client.append(await FaultProxy(f"client->c{i}", f"127.0.0.1:{port}",
@@ -130,11 +149,20 @@ async def _setup(run: _Run) -> Client:
             proxy = await FaultProxy(f"peer->c{i}", f"127.0.0.1:{port}", seed=cfg.seed + 100 + i).start()
             run.links.peer.append(proxy)
             advertise[i] = proxy.endpoint
+    if any(k in DISK_KINDS for k in cfg.kinds):
+        run.local = LocalFaults()
     run.cluster = LocalCluster(
         cfg.coordinators, zones=cfg.zones, redis=True, s3=True, worker=True,
         env={"QUIRE_LEASE_TTL_SECONDS": str(cfg.lease_ttl)}, workdir=cfg.workdir,
-        advertise=advertise, ports=ports)
+        advertise=advertise, ports=ports,
+        prepare=run.local.prepare if run.local is not None else None)
     await asyncio.to_thread(run.cluster.start)
+    return await _journals(run)
+
+
+async def _journals(run: _Run) -> Client:
+    """The bucket, the store's environment, the admin client and the run's journals."""
+    cfg = run.cfg
     s3 = run.cluster.s3
     assert s3 is not None
     await asyncio.to_thread(s3.create_bucket, "chaos")
@@ -203,14 +231,25 @@ async def _start_group(run: _Run, admin: Client, group: ConsumerGroup) -> None:
     cluster = run.cluster
     assert cluster is not None and cluster.etcd is not None
     await group.start(admin, etcd_url=cluster.etcd.url, root=cluster.root,
-                      store_url=run.store_url, brokers=[p.endpoint for p in run.links.client],
-                      env=cluster.service_env(), workdir=cluster.workdir)
+                      store_url=run.store_url, brokers=_client_endpoints(run),
+                      env=cluster.service_env(), workdir=cluster.workdir,
+                      hosts=getattr(cluster, "consumer_hosts", None))
+
+
+def _client_endpoints(run: _Run) -> list[str]:
+    """Where clients connect: the client proxies, or on hosts the coordinators' own."""
+    if run.links.client:
+        return [p.endpoint for p in run.links.client]
+    assert run.cluster is not None
+    return list(run.cluster.endpoints)
 
 
 def _mapping(run: _Run) -> dict[str, str]:
     """Every endpoint a route may name (real or advertised) -> that coordinator's client proxy."""
     assert run.cluster is not None
-    out = {}
+    out: dict[str, str] = {}
+    if not run.links.client:
+        return out  # on hosts: routes name real addresses, reached directly
     for i, c in enumerate(run.cluster.coordinators):
         out[c.endpoint] = run.links.client[i].endpoint
         if run.links.peer:
@@ -223,6 +262,9 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     run = _Run(cfg, History(cfg.history_path))
     if not cfg.consumers:
         cfg.kinds = tuple(k for k in cfg.kinds if k not in CONSUMER_KINDS)
+    if os.geteuid() != 0 and any(k in DISK_KINDS for k in cfg.kinds):
+        log.warning("runner.disk_kinds_dropped", reason="mounting faulty disks needs root")
+        cfg.kinds = tuple(k for k in cfg.kinds if k not in DISK_KINDS)
     schedule = build_schedule(ScheduleConfig(
         duration=cfg.duration, seed=cfg.seed, journals=cfg.journals,
         coordinators=cfg.coordinators, lease_ttl=cfg.lease_ttl, kinds=cfg.kinds,
@@ -244,14 +286,27 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         if cfg.consumers:
             group = _group(cfg)
             await _start_group(run, admin, group)
-        writer_client = TracingClient([p.endpoint for p in run.links.client], retry_timeout=10.0)
-        writer_client.routes = ProxiedRoutes(writer_client.endpoints, _mapping(run))
+        # On hosts a cut link is silent (no RST): an append sent to an isolated primary
+        # waits on TCP retransmissions. Writers give an attempt lease TTL + 1 s, as a
+        # client across hosts must, then re-send (identified: deduplicated) elsewhere.
+        writer_client = TracingClient(_client_endpoints(run), retry_timeout=10.0,
+                                      rpc_timeout=cfg.lease_ttl + 1.0 if cfg.hosts else 60.0)
+        if run.links.client:
+            writer_client.routes = ProxiedRoutes(writer_client.endpoints, _mapping(run))
 
         async def lookup(journal: str) -> tuple[str | None, list[str]]:
             assert admin is not None
             return await _route(admin, journal)
 
-        nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup, group)
+        if cfg.hosts:
+            from .net_faults import HostNemesis
+
+            meta["hosts"] = run.cluster.layout
+            nemesis: Nemesis = HostNemesis(run.cluster, run.links, run.history, run.journals,
+                                           lookup, group)
+        else:
+            nemesis = Nemesis(run.cluster, run.links, run.history, run.journals, lookup, group)
+        nemesis.local = run.local
         stop = asyncio.Event()
         run.history.t0 = time.monotonic()
         started = time.monotonic()
@@ -265,8 +320,9 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         nem = asyncio.ensure_future(asyncio.gather(
             nemesis.run([e for e in schedule if e.kind not in CONSUMER_KINDS], stop),
             nemesis.run([e for e in schedule if e.kind in CONSUMER_KINDS], stop)))
-        tail_client = Client([p.endpoint for p in run.links.client], retry_timeout=10.0)
-        tail_client.routes = ProxiedRoutes(tail_client.endpoints, _mapping(run))
+        tail_client = Client(_client_endpoints(run), retry_timeout=10.0)
+        if run.links.client:
+            tail_client.routes = ProxiedRoutes(tail_client.endpoints, _mapping(run))
         tail_spans: dict[str, list[tuple[int, bytes]]] = {j: [] for j in run.journals}
         tail_errors: list[str] = []
         tails = [asyncio.ensure_future(tail(tail_client, j, tail_spans[j], tail_errors))
@@ -312,6 +368,10 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             rb.unavailable = meta["unavailable_after_heal"].get(rb.journal, "")
             rb.views["reader"] = tail_spans.get(rb.journal, [])
         report = check(readbacks, run.history.ops, run.history.faults)
+        if cfg.hosts:
+            from .net_faults import isolation_recovery
+
+            meta["host_recovery"] = isolation_recovery(run.history.faults, run.history.ops)
         if group is not None:
             shards, meta["consumers"] = await group.finish(admin)
             assert watching is not None  # polled through the catch-up too
@@ -332,6 +392,8 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
                 await c.close()
         if run.cluster is not None:
             await asyncio.to_thread(run.cluster.close)
+        if run.local is not None:
+            await asyncio.to_thread(run.local.close)  # (after the coordinators stopped)
         for p in run.links.all():
             await p.close()
 

@@ -60,6 +60,24 @@ class FaultKind(str, enum.Enum):
     PAUSE_CONSUMER = "pause-consumer"
     """SIGSTOP a shard's primary consumer member past its lease TTL, then SIGCONT: the
     zombie must not commit to the shard's recovery log (its successor fenced it)."""
+    DELETE_SHARD_LOCK = "delete-shard-lock"
+    """Delete a shard's primary lock by hand (`etcdctl del <root>/consumers/primary/<id>`):
+    its holder must notice, stop writing, and the shard be led again within TTL + 2 s."""
+    # Faults of one coordinator's disk and clock (chaos/local_faults.py): their spools
+    # sit on errfs over a small tmpfs, their clocks under faketime.
+    DISK_FULL = "disk-full"
+    """Fill a coordinator's spool filesystem (ENOSPC) for the fault's duration."""
+    DISK_ERROR = "disk-error"
+    """Make a coordinator's spool fail (EIO or EROFS); healed by a restart on a good disk."""
+    CLOCK_SKEW = "clock-skew"
+    """Restart a coordinator with its clock minutes off (faketime), then without."""
+    # Network-layer faults of `quire chaos --hosts` (chaos/net_faults.py plays them).
+    ISOLATE_HOST = "isolate-host"
+    PARTITION_PRIMARY_REPLICAS = "partition-primary-replicas"
+    PARTITION_PRIMARY_ETCD = "partition-primary-etcd"
+    ISOLATE_ETCD_MEMBER = "isolate-etcd-member"
+    CUT_ETCD_QUORUM = "cut-etcd-quorum"
+    KILL_HOST = "kill-host"
 
 
 NET_MODES = ("blackhole", "delay", "reset", "one-way", "slice")
@@ -77,9 +95,12 @@ DEFAULT_KINDS = (
     FaultKind.PAUSE_ETCD,
 )
 
-CONSUMER_KINDS = (FaultKind.KILL_CONSUMER, FaultKind.PAUSE_CONSUMER)
+CONSUMER_KINDS = (FaultKind.KILL_CONSUMER, FaultKind.PAUSE_CONSUMER, FaultKind.DELETE_SHARD_LOCK)
 """Faults of the consumer group (`quire chaos` runs one unless --no-consumers). They
 form a second track of the schedule, beside the broker faults: see build_schedule."""
+
+DISK_KINDS = (FaultKind.DISK_FULL, FaultKind.DISK_ERROR, FaultKind.CLOCK_SKEW)
+"""Faults of a coordinator's disk and clock: need root (mounts), errfs and faketime."""
 
 CONTROL_PLANE_KINDS = (FaultKind.DELETE_MEMBER_KEY, FaultKind.REVOKE_LEASE, FaultKind.ETCD_COMPACT,
                        FaultKind.PAUSE_ETCD)

@@ -1,4 +1,7 @@
-"""`quire consumer run APP --etcd URL --zone Z --id ID`: run a consumer member.
+"""`quire consumer run APP --zone Z --id ID`: run a consumer member.
+
+etcd, the coordinators and the key prefix come from flags, else the settings
+(QUIRE_ETCD_URL, QUIRE_BROKER, …), else a running `quire up` (protocol/discovery.py).
 
 Contributed to the `quire` command through the `quire.commands` entry point
 (`consumer = "consumers.main:command"`), so the CLI layer never imports this role.
@@ -33,13 +36,15 @@ def group() -> None:
 
 @command.command("run")
 def run(app: str = typer.Argument(..., help="The application, module:object."),
-        etcd: str = typer.Option(None, "--etcd", help="etcd URL (default $QUIRE_ETCD_URL)."),
+        etcd: str = typer.Option(None, "--etcd", help="etcd URL (default $QUIRE_ETCD_URL, else "
+                                 "the local cluster `quire up` runs)."),
         zone: str = typer.Option(..., "--zone"),
         member_id: str = typer.Option(..., "--id", help="This member's suffix within its zone."),
         root: str = typer.Option(None, "--root", help="etcd key prefix (default $QUIRE_ETCD_ROOT "
                                  "or /quire)."),
         broker: str = typer.Option(None, "--broker", help="Coordinator host:port list "
-                                   "(default $QUIRE_BROKER or 127.0.0.1:8080)."),
+                                   "(default $QUIRE_BROKER, else the local cluster, else "
+                                   "127.0.0.1:8080)."),
         data_dir: str = typer.Option(None, "--data-dir", help="Local stores (default "
                                      "./consumer-<zone>-<id>)."),
         ttl: float = typer.Option(10.0, "--ttl", help="Member lease TTL, seconds."),
@@ -65,9 +70,11 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
     from .app import load_app
 
     application = load_app(app)
-    etcd_url = etcd or os.environ.get("QUIRE_ETCD_URL") or "http://127.0.0.1:2379"
-    prefix = (root or os.environ.get("QUIRE_ETCD_ROOT") or "/quire").rstrip("/")
-    endpoints = broker or os.environ.get("QUIRE_BROKER") or "127.0.0.1:8080"
+    from protocol.config import load_settings
+
+    # Flags, then QUIRE_* variables and the config file, then a running `quire up`.
+    settings = load_settings({"etcd_url": etcd, "etcd_root": root, "broker": broker})
+    etcd_url, prefix, endpoints = settings.etcd_url, settings.etcd_root, settings.broker
     directory = data_dir or os.path.abspath(f"consumer-{zone}-{member_id}")
     if ttl < 1:
         raise ValidationError("ttl", f"{ttl} must be >= 1 second")
@@ -83,7 +90,6 @@ async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  #
                 data_dir: str, ttl: float, limit: int, snapshot_interval: float,
                 selector_refresh: float) -> int:
     from quire.client import Client
-    from topology.etcd import connect
 
     from .member import ConsumerMember
 
@@ -92,7 +98,7 @@ async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  #
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     os.makedirs(data_dir, exist_ok=True)
-    etcd = await connect(etcd_url)
+    etcd = await _reach_etcd(etcd_url)
     client = Client(endpoints, retry_timeout=30.0)
     ready = asyncio.Event()
     try:
@@ -110,6 +116,27 @@ async def _main(app, etcd_url: str, root: str, endpoints: str, me: ProcessId,  #
     finally:
         await client.close()
         await etcd.close()
+
+
+async def _reach_etcd(url: str) -> object:
+    """A connected etcd client that answered once, or Unavailable within ~5 s naming etcd,
+    the URL and what sets it (a member cannot do anything without etcd)."""
+    from protocol.discovery import effective_env
+    from protocol.errors import Unavailable
+    from topology.etcd import connect
+    from topology.etcd_client import EtcdTLS
+
+    try:
+        return await asyncio.wait_for(
+            connect(url, probe=4.0, tls=EtcdTLS.from_env(effective_env())), 5.0)
+    except Unavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure here means "not reachable"
+        text = " ".join(str(exc).split()) or "no answer within 5s"
+        if "QUIRE_ETCD_URL" in text:
+            raise Unavailable(text) from None
+        why = text.rpartition(": ")[2] or type(exc).__name__
+        raise Unavailable(f"etcd unreachable at {url}: {why} (set QUIRE_ETCD_URL or --etcd)") from None
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import msgspec
 from protocol import ProcessId
 from protocol.errors import StatusError
 from protocol.logs import get_logger
-from protocol.shard import ShardSpec, ShardState
+from protocol.shard import ShardSpec, ShardState, ShardStatus
 from quire.client import Client
 from topology.allocator_plan import MemberState
 from topology.etcd import cmp_create, cmp_version, delete_op, members_prefix, put_op, txn
@@ -34,6 +34,7 @@ from topology.shards import (
     primary_prefix,
     shards_prefix,
     status_key,
+    status_prefix,
 )
 
 from .app import App
@@ -73,6 +74,8 @@ class ConsumerMember:
         self.mirror = Mirror(etcd, [shards_prefix(root), consumer_root(root) + "/"])
         self._wake = asyncio.Event()
         self._report_lock = asyncio.Lock()
+        self._blocked: dict[str, float] = {}
+        """shard -> when another member's PRIMARY report first held its lock back."""
 
     # -- views of the mirror -------------------------------------------------------------
 
@@ -140,7 +143,32 @@ class ConsumerMember:
                         await reporter
         return 0
 
+    async def _check_locks(self) -> None:
+        """Stop every primary whose lock this member no longer holds (deleted by hand,
+        re-created by another member): its own watch (the mirror) says so, as a
+        coordinator's says its member key is gone. The shard stops writing at once —
+        cancelled, nothing committed (the recovery-log fence would refuse it anyway) —
+        its status report is withdrawn, and the plan then acquires the lock again or
+        leaves it to the allocator's choice, within the lease TTL + 2 s."""
+        for shard, running in list(self.running.items()):
+            if not running.primary or not running.lock_revision:
+                continue
+            key = primary_key(self.root, shard)
+            kv = self.mirror.kvs.get(key)
+            if kv is not None and kv.create_revision == running.lock_revision:
+                continue
+            if kv is None and self.mirror.seen(key) < running.lock_revision:
+                continue  # our own acquisition has not reached the mirror yet
+            log.error("shard lock lost: stopping the shard's writes", shard=shard,
+                      member=str(self.me), lock_revision=running.lock_revision,
+                      holder=kv.value.decode() if kv is not None else None)
+            running.task.cancel()
+            await asyncio.gather(running.task, return_exceptions=True)
+            self.running.pop(shard, None)
+            await self._after_exit(shard, running)  # (the lock's compare fails: status only)
+
     async def _step(self) -> None:
+        await self._check_locks()
         specs = self.specs()
         ranked = placement(specs.values(), self.members())
         locks = self.locks()
@@ -196,7 +224,33 @@ class ConsumerMember:
             self._published.pop(shard, None)
         self._wake.set()
 
+    def _primary_elsewhere(self, shard: str) -> bool:
+        """Another member still reports PRIMARY for `shard`: a holder whose lock was
+        deleted by hand, about to notice and withdraw its report (`_check_locks`); a
+        dead one's report goes with its lease. Taking the lock meanwhile would show two
+        primaries at once, so the lock waits for the report to go."""
+        prefix = f"{status_prefix(self.root)}{shard}#"
+        mine = status_key(self.root, shard, self.me)
+        for key, kv in self.mirror.items(prefix):
+            if key == mine:
+                continue
+            try:
+                st = msgspec.json.decode(kv.value, type=ShardStatus)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if st.id == shard and st.state is ShardState.PRIMARY:
+                return True
+        return False
+
     async def _acquire(self, spec: ShardSpec) -> None:
+        if self._primary_elsewhere(spec.id):
+            # (the mirror wakes us when that report goes). Bounded: a report its member
+            # failed to withdraw (an etcd error) must not orphan the shard — after the
+            # TTL the lock is taken; the recovery-log fence still stops a stale writer.
+            since = self._blocked.setdefault(spec.id, time.monotonic())
+            if time.monotonic() - since < self.ttl:
+                return
+        self._blocked.pop(spec.id, None)
         key = primary_key(self.root, spec.id)
         result = await txn(self.etcd, [cmp_version(key, 0)],
                            [put_op(key, str(self.me).encode(), self.membership.lease_id)])

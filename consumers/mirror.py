@@ -37,11 +37,17 @@ class Mirror:
         self.on_change: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.revision = 0
+        self._seen: dict[str, int] = {}
+        """Per prefix: the revision its watch has applied everything up to."""
 
     def items(self, prefix: str) -> Iterator[tuple[str, KV]]:
         for key, kv in list(self.kvs.items()):
             if key.startswith(prefix):
                 yield key, kv
+
+    def seen(self, key: str) -> int:
+        """The revision through which this mirror's view of `key` is complete (0: none)."""
+        return max((r for p, r in self._seen.items() if key.startswith(p)), default=0)
 
     async def __aenter__(self) -> Mirror:
         revs = [await self._load(p) for p in self.prefixes]
@@ -64,6 +70,7 @@ class Mirror:
         for kv in resp.kvs:
             self.kvs[kv.key.decode()] = KV(kv.value, kv.mod_revision, kv.create_revision, kv.lease)
         self.revision = max(self.revision, resp.header.revision)
+        self._seen[prefix] = max(self._seen.get(prefix, 0), int(resp.header.revision))
         self._notify()
         return int(resp.header.revision)
 
@@ -84,6 +91,7 @@ class Mirror:
                     else:
                         self.kvs.pop(key, None)
                     revision = max(revision, ev.kv.mod_revision)
+                    self._seen[prefix] = max(self._seen.get(prefix, 0), revision)
                     self._notify()
                     backoff = 0.1
             except asyncio.CancelledError:

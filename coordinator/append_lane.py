@@ -147,6 +147,9 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
             return None
         replica.lane = (res, pln)
     spool = replica.spool
+    health = replica.health
+    if health is not None and health.refusal() is not None:
+        return None  # a full or failed spool: the FSM refuses the append (spool_health.py)
     if spool.delta != (batch.delta if batch is not None else 0) \
             or (not replica.index_ready and broker.index_expected) \
             or res.spec.suspend.offset > spool.end or replica.index_end > spool.end \
@@ -186,7 +189,7 @@ def _stream(req: AppendRequest, res: Any, replica: Replica, pln: Pipeline,
                                sum=summer.hexdigest(), codec=spool.fragment.codec)
         lane.registers = spool.registers
     except PipelineBroken as exc:
-        lane.error = decide_broken(False, str(exc))  # content only: nothing committed
+        lane.error = decide_broken(False, str(exc), exc)  # content only: nothing committed
         batch.failed = batch.failed or exc
     except BaseException as exc:
         batch.failed = batch.failed or exc  # the batch rolls back instead of committing
@@ -208,6 +211,7 @@ def _commit(batch: Batch) -> None:
             raise PipelineBroken(f"an append of the same commit failed: {batch.failed!r}")
         if replica.pipeline is not pln:
             raise PipelineBroken("the pipeline was torn down before the commit")
+        pln.write_local()  # (a spool that cannot write fails the batch here, definitely)
         prop = spool.commit_proposal()
         # From here a peer may adopt the commit: a failure is COMMIT_UNKNOWN (a pipeline
         # already broken sends nothing, so that stays definite).
@@ -218,7 +222,7 @@ def _commit(batch: Batch) -> None:
         pln.ticket(must_ok=True, fut=done)
         metrics.HOT.commits += 1
     except Exception as exc:  # noqa: BLE001 - every append of the batch gets the answer
-        batch.error = decide_broken(commit_sent, str(exc))
+        batch.error = decide_broken(commit_sent, str(exc), exc)
         if not commit_sent and pln.broken is None and replica.pipeline is pln and spool.delta:
             # As the FSM's run_to leaves mid-stream: the bytes never ride with a later commit.
             try:

@@ -279,7 +279,7 @@ def decide_suspended(level: SuspendLevel, req_suspend: str, offset: int) -> Deci
     return Decision(S.ERROR, Status.SUSPENDED, "journal is fully suspended")
 
 
-def decide_broken(commit_sent: bool, reason: str) -> Decision:
+def decide_broken(commit_sent: bool, reason: str, exc: BaseException | None = None) -> Decision:
     """The answer to an append whose pipeline broke (a peer failed, an acknowledgement
     timed out or was not OK, a proxy's upstream was lost).
 
@@ -290,9 +290,15 @@ def decide_broken(commit_sent: bool, reason: str) -> Decision:
     visible: the outcome is unknown, COMMIT_UNKNOWN, and the client must not re-send.
     A zero-byte append (a transaction barrier) commits no content or registers, so a
     broken barrier stays UNAVAILABLE: re-sending it cannot write anything twice.
+    A spool that could not write (`exc` carries a `spool_status`: pipeline.SpoolWriteFailed)
+    answers with that status before the commit left: SPOOL_FULL or SPOOL_FAILED, its
+    message naming the member and the reason (spool_health.py).
     """
     if commit_sent:
         return Decision(S.ERROR, Status.COMMIT_UNKNOWN, f"the commit was sent, then {reason}")
+    spool_status = getattr(exc, "spool_status", None)
+    if spool_status is not None:
+        return Decision(S.ERROR, spool_status, str(exc))
     return Decision(S.ERROR, Status.UNAVAILABLE, reason)
 
 

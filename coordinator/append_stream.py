@@ -89,6 +89,10 @@ class StreamStates:
                         throttled = getattr(self.source, "throttled", None)
                         if throttled is not None:
                             throttled(delay)
+                if self.total_chunks == 0 and replica.health is not None:
+                    refusal = replica.health.refusal()  # a full or failed spool (spool_health.py)
+                    if refusal is not None:
+                        return self._fail(*refusal)
                 pln.send_content(chunk)
                 self._summer.update(chunk)
                 self.total_chunks += 1
@@ -99,7 +103,7 @@ class StreamStates:
         except PipelineBroken as exc:
             # Content chunks alone are rolled back by every replica when the stream
             # ends (definite); once the commit was sent the outcome is unknown.
-            self._go(decide_broken(self.commit_sent, str(exc)))
+            self._go(decide_broken(self.commit_sent, str(exc), exc))
 
     async def _commit(self, pln: Pipeline, replica: Replica) -> None:
         spool = replica.spool
@@ -117,6 +121,8 @@ class StreamStates:
             prop = spool.rollback_proposal(acknowledge=True, mark=mark)
         else:
             prop = spool.commit_proposal(next_registers(spool.registers, req), mark)
+        if carries:
+            pln.write_local()  # our spool holds every byte it covers, or a definite failure
         # send_proposal checks the pipeline before anything leaves: a broken one raises
         # with nothing sent (still definite). Past this point a peer may get the commit
         # (or, for an identified barrier, record its txn).

@@ -140,6 +140,12 @@ class PipelineSyncStates:
         except Exception as exc:  # noqa: BLE001 - a broken peer fails this append
             await self.broker.teardown_pipeline(replica)
             return self._fail(Status.UNAVAILABLE, f"pipeline sync failed: {exc!r}")
+        for _pid, resp in responses:
+            if resp.status in (Status.SPOOL_FULL, Status.SPOOL_FAILED):
+                # A peer whose spool cannot write (spool_health.py): nothing was written,
+                # the append is refused with its reason (it names the member).
+                await self.broker.teardown_pipeline(replica)
+                return self._fail(resp.status, resp.message or f"peer {_pid}: {resp.status.name}")
         d = decide_sync(responses, replica.spool.fragment, pln.route, pln.revision,
                         replica.spool.epoch, replica.spool.epoch_begin, replica.spool.epochs)
         if d.state is State.UPDATE_ASSIGNMENTS:

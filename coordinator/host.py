@@ -24,6 +24,7 @@ from .producer_log import LOG_FILE, LoggedProducerTable
 from .recovery import Head, RecoveredFragments, journals_with_marks, read_heads, scan_spool_dir
 from .replica import LocalPersister, Persister, Replica
 from .spool import DiskFiles
+from .spool_health import SpoolHealth
 
 log = get_logger(__name__)
 
@@ -56,6 +57,12 @@ class ServerConfig:
     """Serve TLS (mTLS when it requires client certificates)."""
     peer_ssl: SSLContext | None = None
     """The client context for hops to peers (replicate, proxies) when they serve TLS."""
+    spool_low_water: int = 0
+    """Refuse appends (SPOOL_FULL) while the spool filesystem has fewer free bytes than
+    this; 0: only when a write fails with ENOSPC (spool_health.py)."""
+    max_unpersisted: int = 0
+    """Refuse appends (SPOOL_FULL) while this member holds more bytes not yet in the
+    fragment store (open spools + closed local fragments); 0: no bound."""
 
     @property
     def endpoint(self) -> str:
@@ -73,6 +80,11 @@ class Host:
         self.me = ProcessId(cfg.zone, cfg.suffix)
         self.files = DiskFiles(cfg.spool_dir)
         self.files.before_seal = self._before_seal
+        self.health = SpoolHealth(cfg.spool_dir, str(self.me), low_water=cfg.spool_low_water,
+                                  max_unpersisted=cfg.max_unpersisted,
+                                  unpersisted=self.spool_bytes)
+        self.files.health = self.health
+        self.health.on_change.append(self._health_changed)
         self.persister: Persister = persister or LocalPersister()
         holder = getattr(self.persister, "_quire_holder", None)
         if isinstance(holder, dict):
@@ -191,6 +203,13 @@ class Host:
         if pln is not None:
             await pln.close()
             replica.spool_lock.release()
+
+    def _health_changed(self, health: SpoolHealth) -> None:
+        if not health.ok:
+            self.files.close()  # the pooled files' room goes back to the disk
+        on_health = getattr(self.topology, "on_health", None)
+        if on_health is not None:
+            on_health(health)  # the member key says it; a failed spool gives its journals away
 
     def _before_seal(self, fragment: Fragment) -> None:
         r = self.replicas.get(fragment.journal)

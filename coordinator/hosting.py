@@ -82,6 +82,7 @@ class Hosting:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
+        self._health_lock = asyncio.Lock()
 
     def _spawn(self, coro, name: str | None = None) -> None:  # noqa: ANN001
         assert self._tg is not None
@@ -166,6 +167,27 @@ class Hosting:
         assert self.keyspace is not None
         return await advertise_route(self.client, self.keyspace, journal, route)
 
+    def on_health(self, health) -> None:  # noqa: ANN001 - spool_health.SpoolHealth
+        """The spool's health changed: say so in our member key; a failed spool also
+        marks us exiting, so the allocator moves every journal to healthy members."""
+        if self._tg is None or self.membership is None:
+            return
+        self._spawn(self._announce_health(health), name="health")
+
+    async def _announce_health(self, health) -> None:  # noqa: ANN001
+        async with self._health_lock:
+            try:
+                async with asyncio.timeout(30.0):
+                    if health.state == health.FAILED:
+                        # Our writes fail: no route can be synced away from us, so we
+                        # resign at once (our assignments go with our old lease).
+                        self._drop_all(f"spool failed: {health.reason}", streams=True)
+                        await self.membership.resign(health.summary)
+                    else:
+                        await self.membership.set_health(health.summary)
+            except Exception as exc:  # noqa: BLE001 - said again at the next change
+                log.warning("cannot announce the spool's health", error=repr(exc))
+
     def poke(self) -> None:
         """Re-evaluate hosted replicas (e.g. a replicate stream released a spool)."""
         self._changed.set()
@@ -230,7 +252,15 @@ class Hosting:
                 self._pulsed.pop(journal, None)
                 # Never drop committed content: close it for persistence and keep the
                 # replica (files, offset) until the index shows it persisted.
-                if not replica.retire():
+                try:
+                    remains = replica.retire()
+                except OSError as exc:  # a failing spool disk: said, never fatal
+                    health = replica.health
+                    if health is not None:
+                        health.write_failed(exc, f"closing journal {journal}")
+                    log.error("cannot close a retired spool", journal=journal, error=repr(exc))
+                    continue
+                if not remains:
                     server.forget_replica(journal)
         for journal in mine:
             res = self.resolver.resolve_now(journal)

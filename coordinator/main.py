@@ -24,6 +24,8 @@ def command(
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address the metrics server binds (0.0.0.0: every interface)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="On SIGTERM, most seconds spent draining (in-flight appends, rolling led spools, waiting for their persistence)."),
     pulse_interval: float = typer.Option(60.0, "--pulse-interval", help="Seconds between pulses of primary journals."),
+    spool_low_water: int = typer.Option(0, "--spool-low-water", help="Refuse appends (SPOOL_FULL) while the spool filesystem has fewer free bytes than this; 0: only when a write fails with ENOSPC."),
+    max_unpersisted: int = typer.Option(0, "--max-unpersisted", help="Refuse appends (SPOOL_FULL) while this member holds more bytes not yet in the fragment store (backpressure while the store is down); 0: no bound."),
     no_allocator: bool = typer.Option(False, "--no-allocator", help="Do not run the allocator here."),
     log_format: Optional[str] = typer.Option(None, "--log-format", help="auto | json | console."),
     log_level: Optional[str] = typer.Option(None, "--log-level"),
@@ -61,6 +63,7 @@ def command(
                        lease_ttl=lease_ttl if lease_ttl is not None else float(s.lease_ttl_seconds),
                        min_append_rate=float(s.min_append_rate), pulse_interval=pulse_interval,
                        drain_timeout=drain_timeout, run_allocator=not no_allocator,
+                       spool_low_water=spool_low_water, max_unpersisted=max_unpersisted,
                        advertise=advertise,
                        keyring=keyring, server_ssl=server_ssl, peer_ssl=peer_ssl)
     persister = None

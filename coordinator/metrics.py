@@ -94,6 +94,12 @@ LANE_COMMITS = Counter("quire_lane_commits_total",
 APPENDS_IN_FLIGHT = Gauge("quire_appends_in_flight", "Append RPCs currently being served.")
 PIPELINE_REBUILDS = Counter("quire_pipeline_rebuilds_total", "Replication pipelines (re)built.")
 SPOOL_BYTES = Gauge("quire_spool_bytes", "Committed bytes in open spools plus closed local fragments.")
+SPOOL_WRITE_ERRORS = Counter("quire_spool_write_errors_total",
+                             "Spool writes that failed, by reason (enospc, edquot, eio, erofs, "
+                             "other): each refused the append it could not write "
+                             "(spool_health.py).", ["reason"])
+SPOOL_HEALTH = Gauge("quire_spool_health", "The spool's health: 0 ok, 1 full (appends refused "
+                     "until room returns), 2 failed (journals moved away).")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",

@@ -58,6 +58,17 @@ class PipelineBroken(QuireError):
     """A peer stream failed; the pipeline must be rebuilt."""
 
 
+class SpoolWriteFailed(PipelineBroken):
+    """A spool (ours, or a peer's that said so) could not write: `spool_status` is
+    SPOOL_FULL or SPOOL_FAILED and the message names the member and the reason
+    (spool_health.py). Before a commit left, the append's answer is that status."""
+
+    def __init__(self, message: str, status: Status) -> None:
+        super().__init__(message)
+        self.message = message
+        self.spool_status = status
+
+
 class Pipeline:
     def __init__(self, replica: Replica, header: Header, me: ProcessId,
                  peers: Sequence[tuple[ProcessId, FrameStream]]) -> None:
@@ -129,7 +140,10 @@ class Pipeline:
     def send_proposal(self, prop: ReplicateProposal, first: bool = False) -> ReplicateResponse:
         """Apply to the local spool, then forward. Returns the local spool's answer."""
         self._check()
-        local = self.spool.apply_proposal(prop, primary=True, epoch=self.revision)
+        try:
+            local = self.spool.apply_proposal(prop, primary=True, epoch=self.revision)
+        except OSError as exc:  # a roll's seal or a rollback's truncate of a failing disk
+            raise self._spool_failed(exc) from exc
         if first:
             prop = msgspec.structs.replace(prop, header=self.header)
         self._send(encode_frame(prop))
@@ -138,7 +152,10 @@ class Pipeline:
     def send_content(self, data: bytes | memoryview) -> None:
         self._check()
         delta = self.spool.delta
-        self.spool.apply_content(delta, data)
+        try:
+            self.spool.apply_content(delta, data)
+        except OSError as exc:
+            raise self._spool_failed(exc) from exc
         self._send(_CONTENT_AT_0.encode(data) if delta == 0
                    else encode_frame(ReplicateContent(content_delta=delta), data))
 
@@ -224,9 +241,17 @@ class Pipeline:
                     answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
                     if must_ok:
                         for pid, resp in answers:
-                            if resp.status != Status.OK:
-                                raise PipelineBroken(f"peer {pid} answered {resp.status.name}: "
+                            if resp.status == Status.OK:
+                                continue
+                            if resp.status in (Status.SPOOL_FULL, Status.SPOOL_FAILED):
+                                err: PipelineBroken = SpoolWriteFailed(
+                                    resp.message or f"peer {pid}: {resp.status.name}", resp.status)
+                            else:
+                                err = PipelineBroken(f"peer {pid} answered {resp.status.name}: "
                                                      f"{resp.message or resp.fragment}")
+                            if not fut.done():  # (popped already: the handler below misses it)
+                                fut.set_exception(err)
+                            raise err
                     if not fut.done():
                         fut.set_result(answers)
                 if not tickets:
@@ -253,7 +278,22 @@ class Pipeline:
         try:
             self.spool.flush()
         except OSError as exc:
-            raise self._fail(PipelineBroken(f"writing the local spool failed: {exc}")) from exc
+            raise self._spool_failed(exc) from exc
+
+    def write_local(self) -> None:
+        """Before a commit leaves: every byte it covers is on our spool file, or the
+        pipeline breaks with SpoolWriteFailed while the failure is still definite (no
+        peer can have adopted a commit that never left)."""
+        self._check()
+        self._flush_local()
+
+    def _spool_failed(self, exc: OSError) -> PipelineBroken:
+        health = self.replica.health
+        if health is not None:
+            status, message = health.write_failed(exc, f"journal {self.replica.journal}")
+        else:
+            status, message = Status.SPOOL_FAILED, f"member {self.me}: spool write failed: {exc}"
+        return self._fail(SpoolWriteFailed(message, status))
 
     async def gather(self, ticket: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]
                      ) -> list[tuple[ProcessId, ReplicateResponse]]:

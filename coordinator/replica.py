@@ -108,12 +108,14 @@ class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
                  "_pulse_pending", "resolution", "limiter", "stream",
-                 "synced_end", "exposed_end", "lane", "batch")
+                 "synced_end", "exposed_end", "lane", "batch", "health")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
         self.journal = journal
         self.spool = Spool(journal, files=files, observer=self)
+        self.health = getattr(files, "health", None)
+        """The process's spool_health.SpoolHealth (None with memory files)."""
         self.spool_lock = asyncio.Lock()
         self.pipeline_lock = PipelineLock()
         self.pipeline = None  # a pipeline.Pipeline while we are primary and synced

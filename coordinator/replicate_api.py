@@ -45,6 +45,23 @@ def take_spool(replica: Replica) -> None:
     replica.drop_unacknowledged()
 
 
+async def _write_failed(replica: Replica, conn: FrameStream, exc: OSError, bound) -> bool:  # noqa: ANN001
+    """Our spool could not write: answer the primary with the typed refusal (instead of
+    the next acknowledgement, which never leaves) and end the stream; the stream's end
+    rolls the uncommitted bytes back."""
+    if replica.health is not None:
+        status, message = replica.health.write_failed(exc, f"journal {replica.journal}")
+    else:
+        status, message = Status.SPOOL_FAILED, f"spool write failed: {exc}"
+    bound.error("spool write failed: ending the replicate stream", error=repr(exc))
+    conn.before_flush = None  # (nothing of ours may wait on the failed file now)
+    try:
+        await conn.send(ReplicateResponse(status=status, message=message))
+    except (OSError, ProtocolError):
+        pass
+    return False
+
+
 async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -> bool:  # noqa: ANN001
     """Serve a replicate stream until the primary closes it. Never reuses the connection."""
     hdr = first.header
@@ -64,6 +81,13 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         return False
     replica = broker.replica(journal)
     bound = log.bind(journal=journal, route=str(hdr.route), revision=hdr.etcd.revision)
+    refusal = replica.health.refusal() if replica.health is not None else None
+    if refusal is not None:
+        # A full or failed spool takes no new primary's stream: its appends fail before
+        # any content leaves, definitely, with our reason (spool_health.py).
+        await conn.send(ReplicateResponse(status=refusal[0], header=res.header,
+                                          message=refusal[1]))
+        return False
     if not await acquire_within(replica.spool_lock, SPOOL_TIMEOUT):
         await conn.send(ReplicateResponse(status=Status.UNAVAILABLE, header=res.header,
                                           message="timed out waiting for the spool"))
@@ -89,7 +113,10 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
         header_sent = False
         while True:
             if isinstance(msg, ReplicateContent):
-                spool.apply_content(msg.content_delta, payload)
+                try:
+                    spool.apply_content(msg.content_delta, payload)
+                except OSError as exc:
+                    return await _write_failed(replica, conn, exc, bound)
             elif isinstance(msg, ReplicateProposal):
                 if fence is not None and not fence.valid():
                     # Our keyspace superseded this primary's route: refuse its proposal
@@ -99,7 +126,14 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
                                   current=str(now.route), at=now.header.etcd.revision)
                     await conn.send(ReplicateResponse(status=Status.WRONG_ROUTE, header=now.header))
                     return False
-                resp = spool.apply_proposal(msg, epoch=hdr.etcd.revision)
+                try:
+                    if msg.acknowledge:
+                        # The bytes it would commit are on file, or we say why — before
+                        # the spool adopts it: a commit never covers bytes not written.
+                        spool.flush()
+                    resp = spool.apply_proposal(msg, epoch=hdr.etcd.revision)
+                except OSError as exc:
+                    return await _write_failed(replica, conn, exc, bound)
                 if msg.acknowledge:
                     if resp.status == Status.OK:
                         replica.note_synced(spool.end)

@@ -298,6 +298,7 @@ class Server(Host):
             infos.append(BrokerInfo(id=pid, endpoint=m.spec.endpoint,
                                     journal_limit=m.spec.journal_limit, assigned=len(mine),
                                     primaries=sum(1 for a in mine if a.slot == 0),
-                                    exiting=m.spec.exiting))
+                                    exiting=m.spec.exiting,
+                                    health=getattr(m.spec, "health", "")))
         await conn.send(ListBrokersResponse(brokers=tuple(infos)))
         return True

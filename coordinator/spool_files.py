@@ -256,12 +256,12 @@ class DiskFile:
         fd, path, self._fd, self.path = self._fd, self.path, -1, None
         if self._files is not None and path and self._files.recycle(fd, path):
             return
-        os.close(fd)
-        if path:
-            try:
+        try:
+            os.close(fd)
+            if path:
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
+        except OSError:
+            pass  # gone already, or a failing disk (spool_health.py): released all the same
 
 
 class DiskFiles:
@@ -275,6 +275,9 @@ class DiskFiles:
 
     def __init__(self, root: str | Path, recycle: int = 4) -> None:
         self.root = Path(root)
+        self.health = None
+        """The process's spool_health.SpoolHealth (set by the Host): while it is not ok,
+        discarded files are unlinked, not pooled, so their room returns to the disk."""
         self.before_seal: Callable[[Fragment], None] | None = None
         """Called as a file is sealed, before its rename: what describes the fragment's
         content must be on disk before a restart can recover it (producer_log.py)."""
@@ -292,7 +295,7 @@ class DiskFiles:
         return DiskFile(path, self)
 
     def recycle(self, fd: int, path: str) -> bool:
-        if len(self._free) >= self._limit:
+        if len(self._free) >= self._limit or (self.health is not None and not self.health.ok):
             return False
         self._seq += 1
         free = self.root / ".free" / f"{os.getpid()}-{self._seq}"

@@ -3,7 +3,7 @@
 Keys (docs/architecture.md):
 
     <root>/journals/<journal>                       JournalSpec JSON
-    <root>/members/<zone>#<suffix>                  BrokerSpec JSON {id, endpoint, journal_limit, exiting}
+    <root>/members/<zone>#<suffix>                  BrokerSpec JSON {id, endpoint, journal_limit, exiting, health}
     <root>/assign/<journal>#<zone>#<suffix>#<slot>  Route JSON advertised by the primary ({} until then)
     <root>/allocator/leader                         <zone>#<suffix>
 
@@ -30,6 +30,8 @@ class Member:
     endpoint: str = ""
     journal_limit: int = 0
     exiting: bool = False
+    health: str = ""
+    """Empty while healthy; else why its spool refuses writes (full / failed: reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class _BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str = ""
     journal_limit: int = 1024
     exiting: bool = False
+    health: str = ""
 
 
 def decode(root: str, kvs: Iterable[tuple[bytes, bytes]], revision: int = 0) -> Topology:
@@ -73,7 +76,7 @@ def decode(root: str, kvs: Iterable[tuple[bytes, bytes]], revision: int = 0) -> 
                 topo.journals[spec.name] = spec
             elif key.startswith(members):
                 b = msgspec.json.decode(value, type=_BrokerSpec)
-                topo.members[b.id] = Member(b.id, b.endpoint, b.journal_limit, b.exiting)
+                topo.members[b.id] = Member(b.id, b.endpoint, b.journal_limit, b.exiting, b.health)
             elif key.startswith(assign):
                 a = _assignment(key[len(assign):], value)
                 topo.assignments.setdefault(a.journal, []).append(a)

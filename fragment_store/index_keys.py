@@ -17,7 +17,7 @@ import msgspec
 
 from .stats import StoreStats
 
-__all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "STATS_KEY",
+__all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "STATS_KEY", "WATERMARKS_KEY",
            "decode_stats", "encode_stats"]
 
 INDEX_CHANNEL = "quire:index-updates"
@@ -25,6 +25,9 @@ INDEX_KEY_PREFIX = "quire:index:"
 REFRESHED_KEY = "quire:index-refreshed"
 ENQUEUED_KEY = "quire:index-enqueued"
 STATS_KEY = "quire:journal-stats"
+WATERMARKS_KEY = "quire:watermarks"
+"""Hash journal -> persisted watermark (unix seconds), raised by the index refresh
+(workers/watermark.py); read by `quire journals list --stats` and the dashboard."""
 
 
 def encode_stats(stats: StoreStats) -> bytes:

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from .discovery import default_data_dir, discover
+
 __all__ = ["ConfigError", "Secret", "Settings", "load_settings", "default_data_dir"]
 
 ENV_PREFIX = "QUIRE_"
@@ -60,12 +62,6 @@ class Secret:
         return bool(self._value)
 
 
-def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local/share")
-    return Path(base) / "quire"
-
-
 def _default_broker_id() -> str:
     # The hostname is what Gazette uses as a member suffix: stable across
     # restarts of the same machine, unique within a zone in practice.
@@ -76,6 +72,8 @@ _DEFAULT_DATA = default_data_dir()
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    broker: str = "127.0.0.1:8080"
+    """Coordinator endpoints clients dial, host:port[,host:port...] (QUIRE_BROKER)."""
     etcd_url: str = "http://127.0.0.1:2379"
     """One etcd member's client URL, or several comma-separated (a cluster: clients
     fail over between them); https:// with etcd_ca."""
@@ -210,6 +208,18 @@ def _store_url(value: Any) -> str:
     raise ValueError("expected file:///absolute/dir/ or s3://bucket/prefix/")
 
 
+def _brokers(value: Any) -> str:
+    parts = [p.strip() for p in _text(value).split(",") if p.strip()]
+    if not parts:
+        raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080")
+    for part in parts:
+        try:
+            _hostport(part)
+        except ValueError:
+            raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080") from None
+    return ",".join(parts)
+
+
 def _endpoint(value: Any) -> str:
     s = _text(value)
     expected = "expected host:port or an http(s) URL like http://127.0.0.1:9000"
@@ -299,6 +309,7 @@ def _choice(*choices: str, upper: bool = False) -> Callable[[Any], str]:
 
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {
+    "broker": _brokers,
     "etcd_url": _http_urls,
     "etcd_root": _etcd_root,
     "etcd_ca": _file,
@@ -381,10 +392,15 @@ def load_settings(
 
     `overrides` holds CLI values keyed by setting name (None means "not
     given", so CLI options can be passed through unfiltered). `env` defaults to
-    `os.environ`. `config_path` wins over `QUIRE_CONFIG`.
+    `os.environ`. `config_path` wins over `QUIRE_CONFIG`. Lowest of all, above the
+    defaults: what a running `quire up` in the data dir offers (protocol.discovery).
     """
     env = os.environ if env is None else env
     layers: list[dict[str, Any]] = []  # lowest precedence first
+
+    found = discover(env)
+    layers.append({key: _parse(key, found[var], f"{var} (discovered)")
+                   for key in _PARSERS if (var := ENV_PREFIX + key.upper()) in found})
 
     layers.append(
         {

@@ -143,3 +143,26 @@ def raise_for_status(status: Status, message: str = "", *, journal: str = "",
     """Raise the matching StatusError unless status is OK."""
     if status != Status.OK:
         raise for_status(status)(message, journal=journal, detail=detail)
+
+
+def connection_reason(exc: BaseException) -> str:
+    """The root reason behind a failed connection, in a few words ("connection refused",
+    "no answer (timed out)"), found through causes, contexts and urllib3's `reason`;
+    else the first cause's text. For one-line "X unreachable at URL: why" messages."""
+    import asyncio
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or "Connection refused" in str(e):
+            return "connection refused"
+        if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+            return "no answer (timed out)"
+        reason = getattr(e, "reason", None)
+        todo += [e.__cause__, e.__context__, reason if isinstance(reason, BaseException) else None]
+    cause = exc.__cause__ or exc
+    return " ".join(str(cause).split())[:200] or type(cause).__name__

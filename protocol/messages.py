@@ -297,6 +297,8 @@ class BrokerInfo(msgspec.Struct, frozen=True, kw_only=True):
     assigned: int = 0
     primaries: int = 0
     exiting: bool = False
+    health: str = ""
+    """Empty while healthy; else why its spool refuses writes (full / failed: reason)."""
 
 
 class ListBrokersRequest(Message, frozen=True):

@@ -81,6 +81,15 @@ class Status(enum.IntEnum):
     it, and a later pipeline sync may make it visible. The outcome is unknown, so the
     append must not be re-sent blindly (it could land twice). Not retriable; an
     *indefinite* failure. Every status answered before the commit was sent is definite."""
+    SPOOL_FULL = 68
+    """A member's spool cannot take the append's bytes now: its filesystem is full
+    (ENOSPC), below the configured low-water mark, or the member holds more unpersisted
+    content than its bound (the store is behind). The message names the member and the
+    reason. Nothing was written; appends resume by themselves once room returns."""
+    SPOOL_FAILED = 69
+    """A member's spool failed for good (EIO, a read-only filesystem): the member
+    refuses every write and gives its journals to healthy members; the message names
+    the member and the error. Nothing was written; retry once the route moved."""
 
     @property
     def retriable(self) -> bool:

@@ -1,7 +1,8 @@
 """Rows to appends, shared by the Spark sink (spark.sink) and Dask (`to_quire`): sink
 options, the encoding of an Arrow record batch into messages per journal, and one
-task's write — buffer per journal, then one append (one transaction) per journal.
-No pyspark or dask import here."""
+task's write — buffer per journal, then one append (one transaction) per journal,
+identified by the task's exactly-once ids (spark.exactly_once) unless
+`exactly_once=false`. No pyspark or dask import here."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from .options import OptionError
 from .stream_options import split_endpoints
 
 FRAMINGS = ("value", "raw", "jsonl")
-KNOWN = {"brokers", "endpoints", "journal", "journalcolumn", "framing", "spillbytes"}
+KNOWN = {"brokers", "endpoints", "journal", "journalcolumn", "framing", "spillbytes",
+         "exactly_once", "idempotency_key"}
+ALIASES = {"exactlyonce": "exactly_once", "idempotencykey": "idempotency_key"}
 SPARK_OWN = {"checkpointlocation", "queryname"}
 """Options Spark itself passes to a stream writer (ignored)."""
 
@@ -26,6 +29,10 @@ class SinkOptions:
     journal_column: str = ""
     framing: str = "jsonl"
     spill_bytes: int = 64 << 20
+    exactly_once: bool = True
+    """Identified appends (producer ids from the write/query, partition, batch)."""
+    idempotency_key: str = ""
+    """Replaces the write id / query id as the base of the identifiers."""
 
 
 def parse_sink_options(options: Mapping[str, Any], names: Iterable[str],
@@ -33,7 +40,8 @@ def parse_sink_options(options: Mapping[str, Any], names: Iterable[str],
     """Validate sink options against the column `names` of what is written."""
     from protocol import ValidationError, validate_journal_name
 
-    opts = {str(k).lower(): "" if v is None else str(v) for k, v in options.items()}
+    opts = {ALIASES.get(str(k).lower(), str(k).lower()): "" if v is None else str(v)
+            for k, v in options.items()}
     unknown = sorted(set(opts) - KNOWN - SPARK_OWN)
     if unknown:
         raise OptionError(unknown[0], f"unknown sink option (known: {', '.join(sorted(KNOWN))})")
@@ -69,8 +77,24 @@ def parse_sink_options(options: Mapping[str, Any], names: Iterable[str],
         spill_bytes = int(spill, 0) if spill else 64 << 20
     except ValueError:
         raise OptionError("spillBytes", f"expected an integer, got {spill!r}") from None
+    raw_eo = opts.get("exactly_once", "").strip().lower()
+    if raw_eo in ("", "true", "1", "yes", "on"):
+        exactly_once = True
+    elif raw_eo in ("false", "0", "no", "off"):
+        exactly_once = False
+    else:
+        raise OptionError("exactly_once", f"expected true or false, got {opts['exactly_once']!r}")
+    key = opts.get("idempotency_key", "")
+    if "idempotency_key" in opts:
+        if not key.strip():
+            raise OptionError("idempotency_key", "an empty key: give a non-empty string, "
+                                                 "or leave the option out")
+        if not exactly_once:
+            raise OptionError("idempotency_key", "a key identifies exactly-once appends; "
+                                                 "it cannot go with exactly_once=false")
     return SinkOptions(brokers=brokers, journal=journal, journal_column=column,
-                       framing=framing, spill_bytes=spill_bytes)
+                       framing=framing, spill_bytes=spill_bytes, exactly_once=exactly_once,
+                       idempotency_key=key)
 
 
 def _json_default(value: Any) -> Any:
@@ -111,15 +135,26 @@ Appended = list[tuple[str, int, int, int]]
 """(journal, begin, end, messages) per journal a task appended to."""
 
 
-def write_task(batches: Iterator[Any], opts: SinkOptions) -> Appended:
-    """Buffer a task's rows per journal, then append each journal's buffer once."""
+def write_task(batches: Iterator[Any], opts: SinkOptions, ids: Any = None,
+               task: str = "", attempt: str = "") -> Appended:
+    """Buffer a task's rows per journal, then append each journal's buffer once.
+
+    `ids` (spark.exactly_once.TaskIds): the task's producer and history; each journal's
+    append is then identified (txn 1: the task's first and only append to it), so a
+    retried attempt that re-sends it is answered with the first attempt's commit. Its
+    content is checked against that commit (check_replay). None: plain appends.
+    `task` and `attempt` name the task and its attempt for the test fault hook only."""
+    import hashlib
     import tempfile
 
     from protocol import validate_journal_name
     from quire.client import SyncClient
 
+    from .exactly_once import fault_after_append
+
     buffers: dict[str, Any] = {}
     counts: dict[str, int] = {}
+    sums: dict[str, Any] = {}
     try:
         for batch in batches:
             for journal, messages in encode_batch(batch, opts).items():
@@ -127,7 +162,11 @@ def write_task(batches: Iterator[Any], opts: SinkOptions) -> Appended:
                 if buf is None:
                     validate_journal_name(journal, "journal")
                     buf = buffers[journal] = tempfile.SpooledTemporaryFile(opts.spill_bytes)
-                buf.write(b"".join(messages))
+                    sums[journal] = hashlib.sha1()
+                data = b"".join(messages)
+                buf.write(data)
+                if ids is not None:
+                    sums[journal].update(data)
                 counts[journal] = counts.get(journal, 0) + len(messages)
         appends = []
         if buffers:
@@ -135,12 +174,43 @@ def write_task(batches: Iterator[Any], opts: SinkOptions) -> Appended:
                 for journal in sorted(buffers):
                     buf = buffers[journal]
                     buf.seek(0)
-                    result = client.append(journal, buf)
+                    if ids is None:
+                        result = client.append(journal, buf)
+                    else:
+                        result = client.append(journal, buf, txn=ids.txn(1))
+                        commit = result.commit
+                        if commit is not None and commit.sum != sums[journal].hexdigest():
+                            check_replay(client, journal, result.begin, result.end, buf,
+                                         opts.framing, ids)
                     appends.append((journal, result.begin, result.end, counts[journal]))
+            fault_after_append(task, attempt)
         return appends
     finally:
         for buf in buffers.values():
             buf.close()
+
+
+class ReplayMismatch(RuntimeError):
+    """A re-run task's rows differ from those its first attempt committed."""
+
+
+def check_replay(client: Any, journal: str, begin: int, end: int, buf: Any, framing: str,
+                 ids: Any) -> None:
+    """The broker answered this task's txn with a commit of other bytes: an earlier
+    attempt of the task committed, and this attempt computed different content. The
+    same messages in another order (a shuffle's fetch order) are the same output, and
+    already in the journal once. Anything else would be dropped silently: refuse."""
+    buf.seek(0)
+    ours = buf.read()
+    theirs = client.read_all(journal, begin, end_offset=end)[:end - begin]
+    if framing != "raw" and sorted(ours.splitlines()) == sorted(theirs.splitlines()):
+        return
+    raise ReplayMismatch(
+        f"journal {journal!r}: this task's transaction (producer {ids.producer!r}, history "
+        f"{ids.history}) was already committed at [{begin}, {end}) by an earlier attempt "
+        f"with other rows ({len(theirs)} bytes committed, {len(ours)} now). Exactly-once "
+        f"needs a retried task or re-run batch to compute the same rows per partition; "
+        f"write with exactly_once=false or a new idempotency_key to append them anyway")
 
 
 def check_journal(opts: SinkOptions) -> None:

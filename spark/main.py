@@ -1,7 +1,7 @@
 """`quire spark …`: batch jobs over journals in the store.
 
     quire spark run hourly-counts --store file:///data/ --selector prefix=topics/clicks/ --out /tmp/r
-    quire spark run hourly-counts --master spark://host:7077 ...
+    quire spark run hourly-counts --master spark://host:7077 --conf spark.driver.host=10.0.0.1 ...
     quire spark jobs
     quire spark index --store file:///data/ --selector prefix=topics/   (no JVM)
     quire spark package --out build/quire-batch.zip                     (for spark-submit --py-files)
@@ -32,20 +32,30 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _options(items: list[str]) -> dict[str, str]:
+def _options(items: list[str], flag: str = "--option") -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            _fail(f"--option {item!r}: expected KEY=VALUE")
+            _fail(f"{flag} {item!r}: expected KEY=VALUE")
         out[key] = value
     return out
+
+
+def _default_store() -> str:
+    from protocol.discovery import effective_env
+
+    store = effective_env().get("QUIRE_STORE_URL", "")
+    if not store:
+        _fail("--store: required (or $QUIRE_STORE_URL, or a running `quire up` to find)")
+    return store
 
 
 @command.command("run")
 def run(
     job: str = typer.Argument(..., help="job name (see `quire spark jobs`)"),
-    store: str = typer.Option(..., "--store", help="store URL: file:///dir/ or s3://bucket/prefix/"),
+    store: str = typer.Option("", "--store", help="store URL: file:///dir/ or s3://bucket/prefix/ "
+                              "(default $QUIRE_STORE_URL, else a running `quire up`'s)"),
     out: str = typer.Option("quire-out", "--out", help="output directory"),
     selector: str = typer.Option("", "--selector", "-l", help="label selector over journals"),
     journal: str = typer.Option("", "--journal", help="journal name(s), comma-separated"),
@@ -53,6 +63,10 @@ def run(
     begin: int = typer.Option(0, "--begin", help="first journal offset to read"),
     end: Optional[int] = typer.Option(None, "--end", help="journal offset to stop before"),
     option: list[str] = typer.Option([], "--option", "-O", help="data source option KEY=VALUE"),
+    conf: list[str] = typer.Option([], "--conf", "-c",
+                                   help="Spark configuration KEY=VALUE, as spark-submit's "
+                                        "(e.g. spark.driver.host=10.0.0.1 for a driver that "
+                                        "executors on other hosts must reach)"),
 ) -> None:
     """Run a batch job on local[*] (or --master) and write its output."""
     from protocol import QuireError
@@ -64,12 +78,13 @@ def run(
         module = get_job(job)
         from .options import parse_options
 
-        params = JobParams(store=store, out=out, selector=selector, journal=journal,
-                           begin=begin, end=end, options=_options(option))
+        params = JobParams(store=store or _default_store(), out=out, selector=selector, journal=journal,
+                           begin=begin, end=end, options=_options(option, "--option"))
+        spark_conf = _options(conf, "--conf")
         parse_options(params.source_options())  # fail before starting a JVM
     except QuireError as exc:
         _fail(str(exc))
-    spark = session(f"quire-{job}", master)
+    spark = session(f"quire-{job}", master, spark_conf)
     try:
         written = module.run(spark, params)
         typer.echo(f"{job}: wrote {written.count()} rows to {out}")
@@ -88,7 +103,8 @@ def jobs() -> None:
 
 @command.command("index")
 def index(
-    store: str = typer.Option(..., "--store"),
+    store: str = typer.Option("", "--store", help="default $QUIRE_STORE_URL, else a running "
+                              "`quire up`'s"),
     selector: str = typer.Option("", "--selector", "-l"),
     journal: str = typer.Option("", "--journal"),
     output: str = typer.Option("table", "--format", "-o", help="table or json (JSON Lines)"),
@@ -98,8 +114,19 @@ def index(
 
     from .dask_reader import fragment_index
 
+    from fragment_store.errors import StoreUnavailable
+    from protocol.errors import connection_reason
+
+    url = store or _default_store()
     try:
-        df = fragment_index(store, selector=selector or None, journal=journal or None)
+        df = fragment_index(url, selector=selector or None, journal=journal or None)
+    except StoreUnavailable as exc:
+        from fragment_store import open_store
+
+        endpoint = getattr(open_store(url), "endpoint", None)
+        where = f"{url} (S3 endpoint {endpoint})" if endpoint else url
+        _fail(f"store unreachable at {where}: {connection_reason(exc)} (set QUIRE_STORE_URL or "
+              f"--store; QUIRE_S3_ENDPOINT for an s3:// store's endpoint)")
     except QuireError as exc:
         _fail(str(exc))
     if output == "json":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import LabelSelector, ValidationError, parse_selector, validate_journal_name
+from protocol.discovery import effective_env
 from protocol.spec import validate_store_url
 
 from .planner import DEFAULT_MAX_SPAN_BYTES, DEFAULT_READ_PAST_FRAGMENTS
@@ -105,9 +106,11 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
     if unknown:
         raise OptionError(unknown[0], f"unknown option (known: {', '.join(sorted(KNOWN))})")
 
-    store = opts.get("store") or opts.get("path") or ""
+    # Unset: $QUIRE_STORE_URL, else the store of a running `quire up` (protocol/discovery.py).
+    store = opts.get("store") or opts.get("path") or effective_env().get("QUIRE_STORE_URL", "")
     if not store:
-        raise OptionError("store", "required: the store URL, e.g. file:///data/ or s3://bucket/prefix/")
+        raise OptionError("store", "required: the store URL, e.g. file:///data/ or s3://bucket/prefix/ "
+                                   "(default $QUIRE_STORE_URL, or a running local cluster's)")
     if store.startswith("/"):
         store = "file://" + store
     if not store.endswith("/"):

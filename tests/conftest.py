@@ -7,11 +7,16 @@ on the way in and wiped on the way out. Helpers live in tools.services.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from collections.abc import Iterator
 
 import pytest
+
+# A test never finds a cluster a developer left running in the default data dir
+# (protocol/discovery.py); tests of discovery give their subprocesses an env without this.
+os.environ.setdefault("QUIRE_DISCOVER", "0")
 
 from tools.services import (
     Bucket,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import sys
@@ -29,14 +30,20 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
+from protocol.discovery import ENV_FILE, format_env, read_env_file
 from tools.services import CeleryWorkerService, EtcdService, RedisService, Service, ServiceError
 from tools.services.process import free_port
 
 ROOT = "/quire"
 DRAIN_TIMEOUT = 30.0
 """`--drain-timeout` of each coordinator: the most a stop waits for its drain."""
+MEMBER_BLANKED = ("QUIRE_AUTH_", "QUIRE_TLS_", "QUIRE_TOKEN", "QUIRE_ETCD_CA", "QUIRE_ETCD_CERT",
+                  "QUIRE_ETCD_KEY")
+"""Inherited variables members never get: their security is decided by `quire up`'s
+flags alone (docs/cli.md)."""
 
 
 def _port_free(port: int) -> bool:
@@ -168,10 +175,55 @@ class LocalCluster:
         return [f"127.0.0.1:{p}" for p in self.ports["coordinators"]]
 
     def env(self) -> dict[str, str]:
-        return {"QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
+        """What every member runs with: the cluster's addresses and the security its own
+        flags chose. Inherited security variables are blanked (an empty QUIRE_* counts as
+        unset), so a shell still holding another cluster's exports cannot give members
+        settings the readiness probe and the other members do not share; members do not
+        discover settings either (QUIRE_DISCOVER=0): they have exactly these."""
+        return {**{k: "" for k in self.inherited_security()},
+                "QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
                 "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store,
                 "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1",
-                **self.tls_env(), **self.auth_env(), **self.secure_env()}
+                "QUIRE_DISCOVER": "0", **self.tls_env(), **self.auth_env(),
+                **self.secure_env()}
+
+    @staticmethod
+    def inherited_security(environ: Mapping[str, str] | None = None) -> list[str]:
+        """Variables of this process's environment that would change members' security
+        (or point them at other credentials) and are therefore not passed on."""
+        environ = os.environ if environ is None else environ
+        return sorted(k for k, v in environ.items() if v and k.startswith(MEMBER_BLANKED))
+
+    def client_env(self) -> dict[str, str]:
+        """Everything a client needs, as QUIRE_* variables: printed by `quire up` as one
+        block of `export` lines, kept in <data-dir>/env while it runs and printed by
+        `quire env`. The one place that decides them (new security settings add theirs
+        here)."""
+        out = {"QUIRE_DATA_DIR": str(self.data_dir), "QUIRE_BROKER": ",".join(self.endpoints),
+               "QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
+               "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store}
+        out.update({k: v for k, v in self.tls_env().items() if k != "QUIRE_TLS_CLIENT_AUTH"})
+        if self.keys_file:  # the operator's token, and the keys to mint more with
+            out.update({"QUIRE_TOKEN": self.admin_token, "QUIRE_AUTH_KEYS_FILE": self.keys_file})
+        out.update(self.secure_exports())  # --secure: etcd's certificate, the operator's Redis user
+        return out
+
+    @property
+    def env_path(self) -> Path:
+        return self.data_dir / ENV_FILE
+
+    def _write_env_file(self) -> None:
+        text = format_env(self.client_env(), os.getpid(), self.data_dir)
+        tmp = self.env_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold a token
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.env_path)
+
+    def _remove_env_file(self) -> None:
+        found = read_env_file(self.env_path)
+        if found is not None and found.pid == os.getpid():
+            self.env_path.unlink(missing_ok=True)
 
     def role_env(self, role: str) -> dict[str, str]:
         """env() with the Redis URL of `role` (worker, beat, coordinator)."""
@@ -261,6 +313,7 @@ class LocalCluster:
             self._start_coordinators()
             self._start_workers()
             self._start_dashboard()
+            self._write_env_file()
         except BaseException:
             self.stop()
             raise
@@ -305,7 +358,7 @@ class LocalCluster:
             self.notes.append("workers package not found: no Celery worker, beat or Flower "
                               "(fragments stay on coordinator disks)")
             return
-        queues = ["celery"] + [q for q in ("persist", "index", "pulse", "prune") if (workers / f"{q}.py").exists()]
+        queues = ["celery"] + [q for q in ("persist", "index", "pulse", "prune", "jobs") if (workers / f"{q}.py").exists()]
         env = self.role_env("worker")
         if self.secure is not None:  # the refusal counter must be readable: loopback only
             env["QUIRE_WORKER_METRICS_PORT"] = str(self.ports["worker_metrics"])
@@ -354,6 +407,7 @@ class LocalCluster:
         """Coordinators first, all at once (each drains while the workers still persist),
         then the rest in reverse start order: etcd last."""
         errors = []
+        self._remove_env_file()  # first: from now on no command should find this cluster
 
         def stop(svc: Service) -> None:
             try:

@@ -39,7 +39,7 @@ REDIS_ROLES: dict[str, str] = {
     # coordinators, the index cache; only workers read unacked messages and locks.
     "worker": "~* &* +@all -@admin -@dangerous +client|setname +client|id "
               "+info +keys +ping",
-    "beat": "~index* ~pulse* ~prune* ~celery* ~_kombu.binding* &* "
+    "beat": "~index* ~pulse* ~prune* ~jobs* ~celery* ~_kombu.binding* &* "
             "+@all -@admin -@dangerous +client|setname +client|id +ping",
     "coordinator": "~persist* ~_kombu.binding* ~quire:index* &* +@all -@admin -@dangerous "
                    "+client|setname +client|id +ping",

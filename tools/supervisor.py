@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
 import time
@@ -153,6 +154,12 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                                                 or default_data_dir())
     cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
                            zones=zones, port=port, tls=tls, auth=auth, secure=secure)
+    custom = cluster.data_dir != default_data_dir().absolute()
+    blanked = cluster.inherited_security()
+    if blanked:
+        flags = " ".join(f for f, on in (("--auth", auth), ("--tls", tls), ("--secure", secure)) if on)
+        say(f"note: inherited {', '.join(blanked)} cleared for members: their security comes "
+            f"from quire up's own flags only (here: {flags or 'none, so plain TCP and no tokens'})")
     started = time.monotonic()
     try:
         cluster.start()
@@ -163,7 +170,8 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                               "auth": ({"keys_file": cluster.keys_file, "token": cluster.admin_token}
                                        if cluster.keys_file else {}),
                               "secure": cluster.secure_exports(),
-                              "data_dir": str(cluster.data_dir), "services": cluster.rows()}),
+                              "data_dir": str(cluster.data_dir), "env": cluster.client_env(),
+                              "blanked_for_members": blanked, "services": cluster.rows()}),
                   flush=True)
         else:
             table = make_table(f"quire is up ({time.monotonic() - started:.1f}s) — data in "
@@ -172,19 +180,16 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                 table.add_row(row["service"], str(row["pid"]), row["address"], row["log"])
             out = make_console()
             out.print(table)
-            out.print(f"store: {cluster.store}\nbroker: export QUIRE_BROKER="
-                      f"{','.join(cluster.endpoints)}\n"
-                      + "".join(f"tls: export {k}={v}\n" for k, v in cluster.tls_env().items()
-                                if k != "QUIRE_TLS_CLIENT_AUTH")
-                      + (f"auth: export QUIRE_TOKEN={cluster.admin_token}\n"
-                         f"auth: export QUIRE_AUTH_KEYS_FILE={cluster.keys_file}  "
-                         f"# to mint more: quire auth token …\n" if cluster.keys_file else "")
-                      + "".join(f"secure: export {k}={v}\n"
-                                for k, v in cluster.secure_exports().items())
+            out.print(f"store: {cluster.store}\n"
                       + (f"dashboard: {cluster.dashboard_url}\n" if cluster.dashboard_url else "")
+                      + f"in another shell, nothing to set{' but QUIRE_DATA_DIR' if custom else ''}"
+                        f" (commands find this cluster), or: eval \"$(quire env"
+                      + (f" --data-dir {cluster.data_dir}" if custom else "") + ")\"\n"
+                      + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in cluster.client_env().items())
+                      + ("# to mint more tokens: quire auth token …\n" if cluster.keys_file else "")
                       + ("members that exit are restarted" if restart else
                          "members that exit stay down (--no-restart)")
-                      + "; Ctrl-C stops everything.", highlight=False)
+                      + "; Ctrl-C stops everything.", highlight=False, soft_wrap=True)
         for note in cluster.notes:
             say(f"note: {note}")
         supervisor = Supervisor(list(cluster.services), RestartPolicy(restart=restart), say)

@@ -74,6 +74,9 @@ class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The most journal assignments (of any slot) it accepts."""
     exiting: bool = False
     """Set on graceful shutdown: the allocator moves its journals away."""
+    health: str = ""
+    """Empty while healthy; else why the member refuses writes, e.g. "full: spool
+    filesystem full: ..." or "failed: spool write failed: ..." (coordinator/spool_health.py)."""
 
 
 def own_key_verdict(present: bool, key_lease: int, our_lease: int) -> str | None:
@@ -274,6 +277,33 @@ class Membership:
         self._set_doubt(not self.in_good_standing)
         log.warning("member re-announced under a new lease", member=str(self._spec.id),
                     lease=self._lease_id)
+
+    async def set_health(self, health: str, exiting: bool = False) -> None:
+        """Announce the member's health (and, for a failed spool, that it is exiting, so
+        the allocator moves its journals to healthy members)."""
+        spec = msgspec.structs.replace(self._spec, health=health,
+                                       exiting=self._spec.exiting or exiting)
+        if spec == self._spec:
+            return
+        self._spec = spec
+        result = await txn(self._client, [cmp_version(self.key, 0)], [],
+                           [put_op(self.key, msgspec.json.encode(self._spec), self._lease_id)])
+        if result.succeeded:
+            raise TopologyError(f"member key {self.key} is gone; cannot announce its health")
+        log.warning("member health announced", member=str(self._spec.id), health=health,
+                    exiting=spec.exiting)
+
+    async def resign(self, health: str) -> None:
+        """Give up every assignment at once and stay listed as unable to host: the old
+        lease is revoked (etcd deletes our assignments with it, so the allocator treats
+        them as a crashed member's: the survivors' sync decides, as after kill -9) and
+        we announce again, exiting, with a journal limit of 0 and `health` saying why.
+        For a member whose spool failed (coordinator/spool_health.py): it cannot sync a
+        route away gracefully, since its own writes fail."""
+        self._spec = msgspec.structs.replace(self._spec, health=health, exiting=True,
+                                             journal_limit=0)
+        await self.renew()
+        log.error("member resigned every assignment", member=str(self._spec.id), health=health)
 
     async def set_exiting(self) -> None:
         """Announce a graceful exit: the allocator stops placing here and drains us."""

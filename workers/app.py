@@ -23,11 +23,12 @@ from protocol.logs import configure_logging, get_logger
 from protocol.redis_security import celery_redis_conf, sign_published_tasks
 from workers import signing
 from workers.config import WorkerSettings, load_worker_settings
+from workers.jobs_schedule import JOB_ROUTES, JOB_TASK_MODULES, job_beat
 
 TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse",
-                "workers.prune"]
+                "workers.prune", *JOB_TASK_MODULES]
 
-QUEUES = ("persist", "index", "pulse", "prune")
+QUEUES = ("persist", "index", "pulse", "prune", "jobs")
 
 log = get_logger(__name__)
 
@@ -74,6 +75,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
             "workers.index.*": {"queue": "index"},
             "workers.pulse.*": {"queue": "pulse"},
             "workers.prune.*": {"queue": "prune"},
+            **JOB_ROUTES,
         },
         task_default_queue="celery",
         # Every task here is idempotent (it re-checks the world when it runs),
@@ -102,6 +104,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
                 "schedule": worker.pulse_interval,
                 "options": {"queue": "pulse", "expires": worker.pulse_interval},
             },
+            **job_beat(worker),
         },
     )
     app.conf.quire_settings = settings

@@ -44,6 +44,14 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     stores: tuple[str, ...] = ()
     """Store URLs a persist task may write to besides QUIRE_STORE_URL
     (QUIRE_WORKER_STORES, comma-separated). A message naming another store is refused."""
+    jobs_interval: float = 5.0
+    """How often beat runs `workers.jobs.sweep` (creates and dispatches job runs)."""
+    mark_retention: float = 604800.0
+    """Seconds a journal's watermark marks are kept (windows older than that can still be
+    backfilled, but their edges fold into the oldest kept mark)."""
+    job_lease_ttl: int = 15
+    """Seconds of a running job run's etcd lease: a worker that dies mid-run loses its run
+    this long after, and the run is retried."""
 
 
 _FIELDS = {
@@ -55,6 +63,9 @@ _FIELDS = {
     "persist_time_limit": ("QUIRE_WORKER_PERSIST_TIME_LIMIT", float, 1.0),
     "persist_read_rate": ("QUIRE_WORKER_PERSIST_READ_RATE", int, 0),
     "metrics_port": ("QUIRE_WORKER_METRICS_PORT", int, 0),
+    "jobs_interval": ("QUIRE_WORKER_JOBS_INTERVAL", float, 0.1),
+    "job_lease_ttl": ("QUIRE_WORKER_JOB_LEASE_TTL", int, 2),
+    "mark_retention": ("QUIRE_WORKER_MARK_RETENTION", float, 60.0),
 }
 
 

@@ -48,7 +48,7 @@ from fragment_store.index_keys import (
 from fragment_store.stats import EMPTY, StoreStats, add, store_stats
 from protocol.logs import bind, get_logger
 from protocol import Fragment, LabelSet
-from workers import common, metrics
+from workers import common, metrics, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, RETRIABLE
 from workers.topology import read_topology_sync
@@ -115,6 +115,7 @@ def refresh(journal: str) -> dict[str, Any]:
     jt = topo.journals.get(journal)
     if jt is None:
         publish_index(journal, None)
+        watermark.forget(journal)
         for gauge in metrics.STORAGE_GAUGES:
             try:
                 gauge.remove(journal)
@@ -131,6 +132,7 @@ def refresh(journal: str) -> dict[str, Any]:
     # Manifest first: once coordinators hear of an index, batch readers see it too.
     wrote = _write_manifest(stores[0], journal, cover, jt.spec.labels) if stores else False
     publish_index(journal, cover, stats=stats)
+    watermark.advance(journal, cover)  # after the publish: readers see the index first
     metrics.INDEX_REFRESH_SECONDS.observe(time.monotonic() - started)
     log.info("index refreshed", fragments=len(cover), end_offset=cover.end_offset,
              manifest_written=wrote)

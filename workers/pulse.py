@@ -16,6 +16,7 @@ journal. A Redis lock keeps two overlapping sweeps from doubling the work.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from quire.client.client import Client
@@ -24,7 +25,7 @@ from protocol import Status, SuspendLevel
 from protocol.credentials import settings_token
 from protocol.errors import StatusError
 from protocol.tls import settings_client_ssl
-from workers import common
+from workers import common, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, JournalUnknown, PulseFailed
 from workers.topology import read_journal
@@ -49,6 +50,7 @@ async def _pulse(journal: str) -> dict[str, Any]:
                     rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout,
                     token=settings_token(s), ssl=settings_client_ssl(s))
     try:
+        sent = time.time()  # the mark's time: every append acknowledged before it is < end
         result = await asyncio.wait_for(
             client.append(journal, b"", suspend="no-resume"), ws.io_timeout * 2)
     except StatusError as exc:
@@ -59,6 +61,7 @@ async def _pulse(journal: str) -> dict[str, Any]:
         raise PulseFailed(f"pulse of {journal} timed out") from exc
     finally:
         await client.close()
+    watermark.record_mark(journal, sent, result.end)
     return {"journal": journal, "status": "OK", "end": result.end}
 
 

@@ -43,6 +43,7 @@ function renderBrokers(brokers) {
     const tags = [];
     if (b.leader) tags.push(el("span", { class: "tag leader", title: "runs the allocator" }, "leader"));
     if (b.exiting) tags.push(el("span", { class: "tag warn" }, "exiting"));
+    if (b.health) tags.push(el("span", { class: "tag warn", title: b.health }, "spool " + b.health.split(":")[0]));
     if (!b.in_etcd) tags.push(el("span", { class: "tag bad", title: "not a member in etcd" }, "no lease"));
     if (!b.reported) tags.push(el("span", { class: "tag warn", title: "not in the coordinators' broker list" }, "unreported"));
     const load = b.journal_limit ? Math.min(100, 100 * b.journals / b.journal_limit) : 0;

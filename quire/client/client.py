@@ -30,7 +30,6 @@ never writes it twice. Only when the deadline passes does it raise CommitUnknown
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from ssl import SSLContext
 from collections.abc import Iterable
@@ -48,6 +47,7 @@ from protocol import (
     validate_journal_name,
 )
 from protocol.credentials import TokenFile, TokenSource
+from protocol.discovery import effective_env
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
 from protocol.wire import MAX_CHUNK, FrameTemplate, encode_frame
 
@@ -86,25 +86,31 @@ def _commit_unknown(journal: str, offset: int, why: str, then: str = "",
 
 
 class Client(MetadataCalls):
-    def __init__(self, endpoints: Iterable[str] | str, *, connect_timeout: float = 5.0,
+    def __init__(self, endpoints: Iterable[str] | str | None = None, *, connect_timeout: float = 5.0,
                  rpc_timeout: float = 60.0, retry_timeout: float = 30.0,
                  max_idle: int = 64, token: TokenSource | None = None,
                  ssl: SSLContext | None = None) -> None:
-        """`token`: the capability token every connection presents, or a callable giving
+        """`endpoints`: coordinators to start from; default $QUIRE_BROKER, else the local
+        cluster `quire up` runs (protocol/discovery.py), else 127.0.0.1:8080.
+        `token`: the capability token every connection presents, or a callable giving
         the current one (protocol.auth.TokenFile); default $QUIRE_TOKEN, else a TokenFile
         of $QUIRE_TOKEN_FILE (docs/security.md). `ssl`: a client context for coordinators that
-        serve TLS (protocol.tls.client_context; default from $QUIRE_TLS_CA, if set)."""
+        serve TLS (protocol.tls.client_context; default from $QUIRE_TLS_CA, if set). Each
+        default also comes from a running local cluster when the variable is unset."""
+        env = effective_env()
+        if endpoints is None:
+            endpoints = env.get("QUIRE_BROKER") or "127.0.0.1:8080"
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         if token is None:
-            token = os.environ.get("QUIRE_TOKEN", "")
-            if not token and os.environ.get("QUIRE_TOKEN_FILE"):
-                token = TokenFile(os.environ["QUIRE_TOKEN_FILE"])
-        if ssl is None and os.environ.get("QUIRE_TLS_CA"):
+            token = env.get("QUIRE_TOKEN", "")
+            if not token and env.get("QUIRE_TOKEN_FILE"):
+                token = TokenFile(env["QUIRE_TOKEN_FILE"])
+        if ssl is None and env.get("QUIRE_TLS_CA"):
             from protocol.tls import client_context
 
-            ssl = client_context(os.environ["QUIRE_TLS_CA"], os.environ.get("QUIRE_TLS_CERT"),
-                                 os.environ.get("QUIRE_TLS_KEY"))
+            ssl = client_context(env["QUIRE_TLS_CA"], env.get("QUIRE_TLS_CERT"),
+                                 env.get("QUIRE_TLS_KEY"))
         self.routes = RouteCache(list(endpoints))
         self.applied_revision = 0
         """The etcd revision of this client's last Apply: appends and reads carry it as

@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 class SyncClient:
-    def __init__(self, endpoints: Iterable[str] | str, **kwargs: Any) -> None:
+    def __init__(self, endpoints: Iterable[str] | str | None = None, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="quire-client",
                                         daemon=True)
@@ -30,7 +30,7 @@ class SyncClient:
         self._client: Client = self._call(self._make(endpoints, kwargs))
 
     @staticmethod
-    async def _make(endpoints: Iterable[str] | str, kwargs: dict[str, Any]) -> Client:
+    async def _make(endpoints: Iterable[str] | str | None, kwargs: dict[str, Any]) -> Client:
         return Client(endpoints, **kwargs)
 
     def _call(self, coro: Awaitable[T], timeout: float | None = None) -> T:

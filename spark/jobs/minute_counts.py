@@ -3,7 +3,8 @@ output journal, micro-batch by micro-batch.
 
 Input: JSON-lines journals (a selector or names) whose messages carry `key` and an
 ISO-8601 `ts`. Each micro-batch counts its events per (minute, key) and appends one JSON
-line per count to the output journal through the quire sink:
+line per count to the output journal through the quire sink, exactly once per batch
+(spark.foreach.write_batch: a batch re-run after a restart lands once):
 `{"minute": "2026-01-01T00:03:00Z", "key": "user-07", "events": 4, "batch": 2}`.
 Counts are per micro-batch (stateless): a minute that spans micro-batches has several
 lines, and their sum is the minute's count. The output journal is created if missing.
@@ -12,14 +13,13 @@ lines, and their sum is the minute's count. The output journal is created if mis
         [--brokers HOST:PORT] [--store URL] [--checkpoint DIR] [--max-bytes-per-trigger N]
         [--until-idle]
 
-`--brokers` defaults to $QUIRE_BROKER (what `quire up` prints), `--store` to the first
+`--brokers` defaults to $QUIRE_BROKER, else a running `quire up`'s, `--store` to the first
 source journal's fragment store. Without `--until-idle` it runs until interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -75,6 +75,8 @@ def start(spark: Any, params: StreamParams) -> Any:
     """Start the query; returns the StreamingQuery."""
     from pyspark.sql import functions as F
 
+    from spark.foreach import write_batch
+
     reader = (spark.readStream.format("quire").option("store", params.store)
               .option("brokers", params.brokers))
     if params.selector:
@@ -91,8 +93,11 @@ def start(spark: Any, params: StreamParams) -> Any:
                                          "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("minute"), "key")
                   .agg(F.count(F.lit(1)).alias("events"))
                   .withColumn("batch", F.lit(batch_id)))
-        (counts.coalesce(1).write.format("quire").option("brokers", params.brokers)
-         .option("journal", params.out_journal).mode("append").save())
+        # Exactly once: keyed by the query id and batch id, so a batch re-run after a
+        # restart lands once; one partition, whose rows (a batch's counts) do not depend
+        # on how the source split the batch.
+        write_batch(counts.coalesce(1), batch_id, brokers=params.brokers,
+                    journal=params.out_journal)
 
     return (events.writeStream.foreachBatch(per_batch)
             .option("checkpointLocation", params.checkpoint)
@@ -103,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spark.jobs.common import session
 
     p = argparse.ArgumentParser(description=f"{NAME}: {DESCRIPTION}")
-    p.add_argument("--brokers", default=os.environ.get("QUIRE_BROKER", ""))
+    from protocol.discovery import effective_env
+
+    p.add_argument("--brokers", default=effective_env().get("QUIRE_BROKER", ""))
     p.add_argument("--selector", default="")
     p.add_argument("--journal", default="", help="source journal(s), comma-separated")
     p.add_argument("--out-journal", required=True)

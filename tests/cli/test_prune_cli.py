@@ -76,6 +76,7 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
             return proc.stdout.decode()
 
         row = json.loads(stats("-o", "json"))
+        assert isinstance(row.pop("watermark"), float)  # the persisted watermark (jobs, #34)
         last = store.stat(fragment_key(frags[2]))
         assert row == {"journal": j, "fragments": 1, "stored_bytes": 10, "oldest": last.mod_time,
                        "newest": last.mod_time, "begin": 20, "end": 30}

@@ -40,6 +40,11 @@ class FakePipeline:
             self._break("peer reset after the last chunk")
         self.peers_got.append(bytes(data))
 
+    def write_local(self) -> None:
+        if self.broken is not None:
+            raise PipelineBroken(f"pipeline broken: {self.broken!r}")
+        self.spool.flush()
+
     def send_proposal(self, prop, first: bool = False):  # noqa: ANN001, ANN201
         if self.broken is not None:
             raise PipelineBroken(f"pipeline broken: {self.broken!r}")

@@ -48,6 +48,7 @@ def test_every_worker_setting_is_documented_with_its_default() -> None:
 
 @pytest.mark.parametrize("module", ["coordinator.metrics", "coordinator.persister",
                                     "coordinator.index_watch", "workers.metrics",
+                                    "workers.jobs_metrics",
                                     "consumers.metrics"])
 def test_every_metric_is_documented(module: str) -> None:
     import importlib

@@ -26,7 +26,8 @@ def test_decode_every_key_kind() -> None:
     topo = decode("/q/", [
         kv("/q/journals/a/b/c", spec),
         kv("/q/members/zone-a#coord-a1", {"id": {"zone": "zone-a", "suffix": "coord-a1"}, "endpoint": "h:1",
-                                    "journal_limit": 7, "exiting": True}),
+                                    "journal_limit": 7, "exiting": True,
+                                    "health": "failed: spool write failed: EIO"}),
         kv("/q/assign/a/b/c#zone-b#coord-b1#0", adv),
         kv("/q/assign/a/b/c#zone-a#coord-a1#1", b"{}"),
         kv("/q/allocator/leader", b"zone-a#coord-a1"),
@@ -37,6 +38,7 @@ def test_decode_every_key_kind() -> None:
     assert topo.revision == 42 and topo.journals == {"a/b/c": spec}
     assert topo.members[A].endpoint == "h:1" and topo.members[A].journal_limit == 7
     assert topo.members[A].exiting
+    assert topo.members[A].health == "failed: spool write failed: EIO"  # the spool's, shown
     assert topo.leader == A
     assigned = topo.assignments["a/b/c"]
     assert [(a.member, a.slot) for a in assigned] == [(C, 0), (A, 1)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("coordinator", "workers", "quire.client", "tools.cli", "chaos", "tests")
-CLIENT_USERS = {"stream.py", "tail.py", "appender.py", "jobs/minute_counts.py"}
+CLIENT_USERS = {"stream.py", "tail.py", "appender.py", "exactly_once.py", "jobs/minute_counts.py"}
 """spark/ modules that may import quire.client (streams and the sink; see above)."""
 
 

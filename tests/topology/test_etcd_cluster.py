@@ -61,12 +61,24 @@ def _dead_port() -> int:
     return free_port()  # nothing listens there
 
 
+async def _on_a_follower(client, cluster: EtcdCluster):  # type: ignore[no-untyped-def]
+    """Move `client` to a member that is not etcd's leader, and return that member: the
+    test is about the client's failover, not about the election a dead leader causes."""
+    leader = (await client.status()).leader
+    leader_ports = {int(u.rsplit(":", 1)[1]) for u in leader.client_urls}
+    for _ in range(len(cluster.members)):
+        if client.current.port not in leader_ports:
+            break
+        client.fail_over("test: leave the leader")
+        await client.connect()
+    return next(m for m in cluster.members if m.port == client.current.port)
+
+
 async def test_killing_the_current_member_is_invisible(cluster: EtcdCluster) -> None:
     client = await connect(cluster.url, probe=5.0)
     try:
         await client.put(b"/t/a", b"1")
-        current = client.current
-        victim = next(m for m in cluster.members if m.port == current.port)
+        victim = await _on_a_follower(client, cluster)
         victim.kill()
         try:
             started = time.monotonic()
@@ -118,9 +130,9 @@ async def test_a_watch_and_a_lease_survive_their_member(cluster: EtcdCluster) ->
                     await watcher.refresh_lease(lease.id)
                 await asyncio.sleep(0.5)
 
+        victim = await _on_a_follower(watcher, cluster)
         tasks = [asyncio.create_task(watch()), asyncio.create_task(keep_alive())]
         try:
-            victim = next(m for m in cluster.members if m.port == watcher.current.port)
             # The writer must not share the victim, or its own failover hides nothing.
             while writer.current.port == victim.port:
                 writer.fail_over("test: use another member than the watcher")

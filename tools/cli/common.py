@@ -25,6 +25,7 @@ import enum
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -34,7 +35,15 @@ import yaml
 
 from quire.client import Client
 from protocol import Status
-from protocol.errors import ProtocolError, QuireError, StatusError, ValidationError
+from protocol.config import Settings
+from protocol.errors import (
+    ProtocolError,
+    QuireError,
+    StatusError,
+    Unavailable,
+    ValidationError,
+    connection_reason,
+)
 from tools.output import make_console, make_table
 
 T = TypeVar("T")
@@ -62,6 +71,8 @@ _STATUS_EXIT = {
     Status.FORBIDDEN: EXIT_NOT_ALLOWED,
     Status.SHARD_NOT_FOUND: EXIT_NOT_FOUND,
     Status.SHARD_FENCED: EXIT_CONFLICT,
+    Status.SPOOL_FULL: EXIT_UNAVAILABLE,
+    Status.SPOOL_FAILED: EXIT_UNAVAILABLE,
 }
 
 
@@ -82,6 +93,18 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ServiceUnreachable(CliError):
+    """A service the command needs did not answer: names it, the URL tried and what sets
+    the URL, in one line (exit 6)."""
+
+    def __init__(self, service: str, url: str, why: str, setting: str) -> None:
+        hint = ("" if os.environ.get("QUIRE_DATA_DIR") else
+                "; for a `quire up` cluster in another data dir, set QUIRE_DATA_DIR")
+        super().__init__(f"{service} unreachable at {url}: {' '.join(why.split()) or 'no answer'} "
+                         f"(set {setting}{hint})", EXIT_UNAVAILABLE)
+        self.service, self.url = service, url
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -109,24 +132,83 @@ def error_line(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {text}"
 
 
+_settings: list[Settings] = []
+
+
+def settings() -> Settings:
+    """This process's settings (flags aside), loaded once: QUIRE_* variables, the config
+    file, then a running local cluster's (protocol/discovery.py)."""
+    if not _settings:
+        from protocol.config import load_settings
+
+        _settings.append(load_settings())
+    return _settings[0]
+
+
 def broker_endpoints(ctx: typer.Context) -> list[str]:
     obj = ctx.find_root().obj or {}
-    value = obj.get("broker") or os.environ.get("QUIRE_BROKER") or DEFAULT_BROKER
+    value = obj.get("broker") or settings().broker or DEFAULT_BROKER
     return [e.strip() for e in value.split(",") if e.strip()]
 
 
 def make_client(ctx: typer.Context) -> Client:
     obj = ctx.find_root().obj or {}
     return Client(broker_endpoints(ctx), retry_timeout=obj.get("timeout", 10.0),
-                  connect_timeout=min(5.0, obj.get("timeout", 10.0)),
-                  token=obj.get("token") or os.environ.get("QUIRE_TOKEN") or None)
+                  connect_timeout=min(REACH_TIMEOUT, obj.get("timeout", 10.0)),
+                  token=obj.get("token") or None)
+
+
+REACH_TIMEOUT = 3.0
+"""Seconds a command keeps trying to reach a first coordinator before it says so: a
+cluster that is starting answers within this; one that is absent should not cost more."""
+
+
+async def reach(client: Client, timeout: float) -> None:
+    """Return once a coordinator answers Hello (the connection stays pooled for the
+    command), or raise ServiceUnreachable naming what was tried and how to change it."""
+    deadline = time.monotonic() + timeout
+    reasons: dict[str, str] = {}
+    while True:
+        for endpoint in client.endpoints:
+            try:
+                conn = await client.pool.acquire(endpoint)
+            except Unavailable as exc:
+                reasons[endpoint] = _why(exc)
+                continue
+            client.pool.release(conn)
+            return
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+    why = ("; ".join(f"{e}: {r}" for e, r in reasons.items()) if len(reasons) > 1
+           else "".join(reasons.values()))
+    raise ServiceUnreachable("coordinator", ",".join(client.endpoints), why,
+                             "QUIRE_BROKER or --broker")
+
+
+def _why(exc: BaseException) -> str:
+    return connection_reason(exc)
+
+
+def store_unreachable(exc: BaseException, store: Any, setting: str) -> ServiceUnreachable:
+    """ServiceUnreachable for a store that did not answer: its URL, the S3 endpoint tried."""
+    url = getattr(exc, "url", "") or getattr(store, "url", "")
+    endpoint = getattr(store, "endpoint", None)
+    if endpoint:
+        scheme = "https" if getattr(store, "secure", False) else "http"
+        url += f" (S3 endpoint {scheme}://{endpoint})"
+        setting += "; QUIRE_S3_ENDPOINT for the endpoint"
+    return ServiceUnreachable("store", url, _why(exc), setting)
 
 
 def run(ctx: typer.Context, body: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
-    """Run `body(client)` on a fresh event loop and close the client afterwards."""
+    """Run `body(client)` on a fresh event loop and close the client afterwards; fail in
+    a few seconds, in one line, when no coordinator can be reached at all."""
+    obj = ctx.find_root().obj or {}
 
     async def main() -> T:
         async with make_client(ctx) as client:
+            await reach(client, min(REACH_TIMEOUT, obj.get("timeout", 10.0)))
             return await body(client)
 
     return asyncio.run(main())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
 import typer
 
 from quire.client import Client
@@ -13,6 +15,7 @@ from . import specs as specfile
 from .common import (
     EXIT_NOT_FOUND,
     CliError,
+    ServiceUnreachable,
     Output,
     OutputOption,
     emit_json_lines,
@@ -20,7 +23,9 @@ from .common import (
     emit_yaml,
     human_bytes,
     run,
+    settings,
     stdout,
+    store_unreachable,
 )
 
 app = typer.Typer(help="List, create, change and delete journals.", no_args_is_help=True)
@@ -62,14 +67,22 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
     import time
 
     from fragment_store import open_store
+    from fragment_store.errors import StoreUnavailable
     from fragment_store.stats import EMPTY, add, store_stats
 
     rows = []
     for e in entries:
         total = EMPTY
         for url in e.spec.fragment.stores:
-            total = add(total, store_stats(open_store(url), e.spec.name))
+            store = open_store(url)
+            try:
+                total = add(total, store_stats(store, e.spec.name))
+            except StoreUnavailable as exc:
+                raise store_unreachable(exc, store, f"fragment.stores of {e.spec.name}'s spec") from None
         rows.append({"journal": e.spec.name, **total._asdict()})
+    marks = _watermarks([r["journal"] for r in rows])
+    for r in rows:
+        r["watermark"] = marks.get(r["journal"], 0.0)
     if output is Output.json:
         emit_json_lines(rows)
     elif output is Output.yaml:
@@ -78,10 +91,33 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
         def when(t: int) -> str:
             return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
 
-        emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets"],
+        emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets",
+                          "persisted watermark (UTC)"],
                    [(r["journal"], r["fragments"], human_bytes(r["stored_bytes"]),
                      when(r["oldest"]), when(r["newest"]),
-                     f"{r['begin']}..{r['end']}" if r["fragments"] else "-") for r in rows])
+                     f"{r['begin']}..{r['end']}" if r["fragments"] else "-",
+                     when(int(r["watermark"]))) for r in rows])
+
+
+def _watermarks(journals: list[str]) -> dict[str, float]:
+    """Persisted watermarks (docs/jobs.md) from the workers' Redis at $QUIRE_REDIS_URL;
+    none when it is unset or unreachable (the column then shows '-')."""
+    import os
+
+    url = os.environ.get("QUIRE_REDIS_URL", "")
+    if not url or not journals:
+        return {}
+    import redis
+
+    from fragment_store.index_keys import WATERMARKS_KEY
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+        values = client.hmget(WATERMARKS_KEY, journals)
+        client.close()
+    except redis.RedisError:
+        return {}
+    return {j: float(v) for j, v in zip(journals, values, strict=True) if v}
 
 
 @app.command("apply")
@@ -153,14 +189,11 @@ def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Journal nam
     row: dict = {"journal": name, "deleted": True, "revision": revision}
     text = f"deleted {name} at revision {revision}"
     if purge and stores:
-        from protocol.config import load_settings
-        from tools.services import celery_client
-
         import time
 
         # Runs after the grace: its APPLY token is valid from then, for minutes.
         extra = destructive_kwargs(name, not_before=time.time() + max(0.0, grace))
-        celery = celery_client(load_settings().redis_url)
+        celery = celery_for_cli(settings().redis_url)
         try:
             celery.send_task("workers.prune.purge_journal", args=[name, list(stores)],
                              kwargs=extra, queue="prune", countdown=max(0.0, grace))
@@ -220,17 +253,19 @@ def prune(ctx: typer.Context, selector: str = SelectorOption,
           output: Output = OutputOption) -> None:
     """Remove fragments older than each selected journal's retention, through the
     workers' `prune` task (never unpersisted content, the head, or beyond a guard)."""
-    from protocol.config import load_settings
-    from tools.services import celery_client
-
     entries = run(ctx, lambda c: c.list_journals(selector))
-    celery = celery_client(load_settings().redis_url)
+    url = settings().redis_url
+    celery = celery_for_cli(url)
     try:
         sent = [celery.send_task("workers.prune.prune_journal", args=[e.spec.name, dry_run],
                                  kwargs=destructive_kwargs(e.spec.name), queue="prune")
                 for e in entries]
         plans = [r.get(timeout=timeout) for r in sent]
+    except ServiceUnreachable:
+        raise
     except Exception as exc:  # noqa: BLE001 - one line, non-zero exit
+        if _redis_failure(exc):
+            raise ServiceUnreachable("Redis", url, str(exc), "QUIRE_REDIS_URL") from None
         raise CliError(f"prune task failed: {type(exc).__name__}: {exc}") from None
     finally:
         celery.close()
@@ -243,6 +278,54 @@ def prune(ctx: typer.Context, selector: str = SelectorOption,
         title = f"{'would remove' if dry_run else 'removed'} {len(rows)} fragments"
         emit_table(title, ["journal", "begin", "end", "key", "store"],
                    [(r["journal"], r["begin"], r["end"], r["key"], r["store"]) for r in rows])
+
+
+def celery_for_cli(url: str) -> Any:
+    """A by-name Celery client whose Redis answered a ping (else ServiceUnreachable in at
+    most a few seconds) and whose broker and result backend give up in seconds, not
+    Celery's minutes of reconnecting, if Redis goes away while the command waits."""
+    import redis
+
+    from tools.services import celery_client
+
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT,
+                                  socket_timeout=REDIS_TIMEOUT) as r:
+            r.ping()
+    except redis.RedisError as exc:
+        cause = exc.__cause__ or exc.__context__
+        why = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(exc)
+        raise ServiceUnreachable("Redis", url, why, "QUIRE_REDIS_URL") from None
+    app = celery_client(url)
+    quick = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5}
+    app.conf.update(
+        broker_connection_retry=False, broker_connection_max_retries=1,
+        broker_connection_timeout=REDIS_TIMEOUT, task_publish_retry_policy=quick,
+        broker_transport_options={**quick, "socket_connect_timeout": REDIS_TIMEOUT},
+        redis_socket_connect_timeout=REDIS_TIMEOUT, redis_retry_on_timeout=False,
+        result_backend_transport_options={"retry_policy": quick},
+    )
+    return app
+
+
+REDIS_TIMEOUT = 2.0
+"""Seconds the CLI waits for Redis to accept a connection."""
+
+
+def _redis_failure(exc: BaseException) -> bool:
+    """Whether `exc` (from Celery, kombu or redis-py) means Redis went away."""
+    import kombu.exceptions
+    import redis
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (redis.ConnectionError, redis.TimeoutError,
+                             kombu.exceptions.OperationalError)):
+            return True
+        if "result store backend" in str(seen) or "Retry limit exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _report(output: Output, row: dict, text: str) -> None:

@@ -21,7 +21,7 @@ import typer
 from typer import _click as click  # typer >= 0.29 vendors click; its commands are these
 from typer.core import TyperGroup
 
-from . import auth, io, journals, shards, topology
+from . import auth, env, io, jobs, journals, shards, topology
 from .common import EXIT_INTERRUPTED, error_line, exit_code_for
 
 ENTRY_POINT_GROUP = "quire.commands"
@@ -85,12 +85,14 @@ def root(ctx: typer.Context,
 
 app.add_typer(journals.app, name="journals")
 app.add_typer(shards.app, name="shards")
+app.add_typer(jobs.app, name="jobs")
 app.add_typer(topology.fragments_app, name="fragments")
 app.add_typer(topology.brokers_app, name="brokers")
 app.add_typer(topology.config_app, name="config")
 app.add_typer(auth.app, name="auth")
 app.command("append")(io.append)
 app.command("read")(io.read)
+app.command("env")(env.env)
 
 
 @app.command("up")

@@ -1,7 +1,8 @@
 """`quire shards list|apply|delete|checkpoint`: consumer shard specs in etcd.
 
 Shard specs live in etcd (topology/shards.py), not behind a coordinator RPC, so these
-commands talk to etcd directly (`--etcd`, default $QUIRE_ETCD_URL). Spec file format:
+commands talk to etcd directly (`--etcd`, default $QUIRE_ETCD_URL, else the local cluster
+`quire up` runs). Spec file format:
 
     common:                       # optional: defaults every shard below inherits
       recovery_log_prefix: recovery/counts
@@ -24,7 +25,6 @@ A file may also be a plain list of shards (or several YAML documents).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,7 +37,11 @@ import yaml
 from protocol import LabelSet, parse_duration
 from protocol.errors import ValidationError
 from protocol.shard import ShardSpec, ShardStatus
-from topology.etcd import connect
+from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError
+
+from protocol.discovery import effective_env
+from topology.etcd import EtcdError, connect
+from topology.etcd_client import EtcdTLS
 from topology.shards import (
     ShardChange,
     ShardEntry,
@@ -50,7 +54,19 @@ from topology.shards import (
     request_checkpoint,
 )
 
-from .common import Output, OutputOption, emit_json_lines, emit_table, emit_yaml, human_bytes, stdout
+from .common import (
+    EXIT_UNAVAILABLE,
+    CliError,
+    Output,
+    OutputOption,
+    ServiceUnreachable,
+    emit_json_lines,
+    emit_table,
+    emit_yaml,
+    human_bytes,
+    settings,
+    stdout,
+)
 from .specs import _labels_to_mapping
 
 T = TypeVar("T")
@@ -63,23 +79,41 @@ EtcdOption = typer.Option(None, "--etcd", help="etcd URL (default $QUIRE_ETCD_UR
 RootOption = typer.Option(None, "--root", help="etcd key prefix (default $QUIRE_ETCD_ROOT or /quire).")
 
 _NODE_KEYS = {"revision", "delete"}
+ETCD_PROBE = 3.0
+"""Seconds for an etcd member to answer before a command says etcd is unreachable."""
 
 
 def _run(etcd: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
-    url = etcd or os.environ.get("QUIRE_ETCD_URL") or "http://127.0.0.1:2379"
+    url = etcd or settings().etcd_url
 
     async def main() -> T:
-        client = await connect(url, probe=10.0, root=_root(None))
+        # probe: one member answers within seconds, else EtcdError names etcd, the URLs
+        # and QUIRE_ETCD_URL; TLS files as discovered for a local cluster too.
+        try:
+            client = await asyncio.wait_for(
+                connect(url, probe=ETCD_PROBE, tls=EtcdTLS.from_env(effective_env()),
+                        root=_root(None)),
+                ETCD_PROBE + 1.0)
+        except asyncio.TimeoutError:
+            raise ServiceUnreachable("etcd", url, f"no answer within {ETCD_PROBE + 1.0:g}s",
+                                     "QUIRE_ETCD_URL or --etcd") from None
         try:
             return await body(client)
         finally:
             await client.close()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except (EtcdError, ConnectionFailedError, ConnectionTimeoutError) as exc:
+        text = " ".join(str(exc).split())
+        if "QUIRE_ETCD_URL" in text:  # already says what it tried and what sets it
+            raise CliError(text.removeprefix("UNAVAILABLE: "), EXIT_UNAVAILABLE) from None
+        raise ServiceUnreachable("etcd", url, text.rpartition(": ")[2] or type(exc).__name__,
+                                 "QUIRE_ETCD_URL or --etcd") from None
 
 
 def _root(root: str | None) -> str:
-    return root or os.environ.get("QUIRE_ETCD_ROOT") or "/quire"
+    return root or settings().etcd_root
 
 
 # -- spec files ---------------------------------------------------------------------------

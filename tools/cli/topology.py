@@ -69,16 +69,18 @@ def list_fragments(ctx: typer.Context,
 
 @brokers_app.command("list")
 def list_brokers(ctx: typer.Context, output: Output = OutputOption) -> None:
-    """List coordinators: id, endpoint, journals assigned and primaries held."""
+    """List coordinators: id, endpoint, journals assigned, primaries held and health."""
     brokers = run(ctx, lambda c: c.list_brokers())
     if output is Output.json:
         emit_json_lines(brokers)
     elif output is Output.yaml:
         emit_yaml(brokers)
     else:
-        emit_table(None, ["zone", "id", "endpoint", "assigned", "primaries", "limit", "exiting"],
+        emit_table(None, ["zone", "id", "endpoint", "assigned", "primaries", "limit", "exiting",
+                          "health"],
                    [(b.id.zone, b.id.suffix, b.endpoint, b.assigned, b.primaries, b.journal_limit,
-                     "yes" if b.exiting else "") for b in brokers])
+                     "yes" if b.exiting else "", getattr(b, "health", "") or "ok")
+                    for b in brokers])
 
 
 @config_app.command("print")

@@ -13,6 +13,7 @@ from tools.services.process import (
     pid_alive,
     wait_for,
 )
+from tools.services.quire_up import QuireUpService
 from tools.services.redis_server import RedisService
 from tools.services.s3 import S3Service, empty_bucket
 
@@ -27,6 +28,7 @@ __all__ = [
     "EtcdService",
     "RedisService",
     "S3Service",
+    "QuireUpService",
     "Service",
     "ServiceError",
     "celery_client",

@@ -1,4 +1,4 @@
-"""An S3 endpoint on loopback: moto's server, standing in for MinIO.
+"""An S3 endpoint on loopback (or a simulated host): moto's server, standing in for MinIO.
 
 moto keeps everything in memory, so a restart loses every object; tests that
 check durability must not restart it.
@@ -43,9 +43,12 @@ class S3Service(Service):
         access_key: str = "testing",
         secret_key: str = "testing-secret",
         region: str = "us-east-1",
+        listen_host: str = "127.0.0.1",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        self.listen_host = listen_host
+        """The address it listens on: loopback, or a simulated host's (tools.hosts)."""
         self.port = port or free_port()
         self.access_key = access_key
         self.secret_key = secret_key
@@ -54,7 +57,7 @@ class S3Service(Service):
     @property
     def endpoint(self) -> str:
         """host:port, the form the minio client takes."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.listen_host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -64,7 +67,7 @@ class S3Service(Service):
         return self.url
 
     def build_argv(self) -> list[str]:
-        return [_moto_server(), "-H", "127.0.0.1", "-p", str(self.port)]
+        return [_moto_server(), "-H", self.listen_host, "-p", str(self.port)]
 
     def build_env(self) -> dict[str, str]:
         env = super().build_env()

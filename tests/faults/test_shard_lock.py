@@ -1,0 +1,73 @@
+"""A consumer shard's primary lock deleted by hand (`etcdctl del <root>/consumers/primary/
+<shard>`), on a 3-member word-count group over 3 coordinators, while input streams in:
+the member that held it notices through its own watch, stops writing the shard, and the
+shard has exactly one primary again within the lease TTL + 2 s (its old holder again, or
+the allocator's choice); no shard ever has two locks or two PRIMARY reports, and the
+counts rebuilt from the recovery logs equal the model exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from quire.client import Client
+from topology.shards import consumer_root, read_primaries
+from tests.consumers.conftest import coordinators, etcd_client, member_factory, wait_for  # noqa: F401
+from tests.consumers.test_failover import (Watcher, caught_up, diagnosed, model, replayed_counts,
+                                           setup, write)
+
+pytestmark = pytest.mark.timeout(240)
+
+SHARDS = 3
+MESSAGES = 6000
+TTL = 3.0
+
+
+async def test_a_deleted_shard_lock_is_noticed_and_the_shard_led_again(  # noqa: ANN001
+        coordinators, member_factory, etcd_client, etcd_root) -> None:  # noqa: F811
+    env = coordinators
+    await setup(env, etcd_client, etcd_root, SHARDS)
+    members = [member_factory(f"zone-{i % 2}", f"member-{i}", ttl=TTL) for i in range(3)]
+    for m in members:
+        await m.ready()
+    watcher = Watcher(etcd_client, etcd_root)
+    watching = asyncio.create_task(watcher.run())
+    async with Client(env.endpoints) as client:
+        try:
+            async def all_led() -> bool:
+                return len(await read_primaries(etcd_client, etcd_root)) == SHARDS
+
+            await wait_for(all_led, 30, "every shard to have a primary")
+            await write(client, 0, MESSAGES // 2, SHARDS)
+            shard = "count-0"
+            holder, _ = (await read_primaries(etcd_client, etcd_root))[shard]
+            writing = asyncio.create_task(write(client, MESSAGES // 2, MESSAGES, SHARDS))
+            key = f"{consumer_root(etcd_root)}/primary/{shard}"
+            await etcd_client.delete(key.encode())
+            deleted_at = time.monotonic()
+
+            async def led_again() -> bool:
+                now = await read_primaries(etcd_client, etcd_root)
+                return shard in now
+
+            await wait_for(led_again, TTL + 2.0, "the shard to be led again within TTL + 2 s")
+            relock = time.monotonic() - deleted_at
+            await writing
+            await diagnosed(wait_for(lambda: caught_up(client, etcd_client, etcd_root, SHARDS), 90,
+                                     "shards to read everything"), members, etcd_client, etcd_root)
+            logs = "".join(m.log_text() for m in members)
+            assert "shard lock lost" in logs, "the holder noticed through its own watch"
+            for m in members:
+                assert m.proc.poll() is None, m.log_text()[-3000:]
+            for m in members:
+                assert m.terminate() == 0, m.log_text()[-3000:]
+        finally:
+            watching.cancel()
+        assert watcher.polls > 5
+        assert not watcher.violations, watcher.violations[:5]
+        expected = model(MESSAGES, SHARDS)
+        for i in range(SHARDS):
+            assert await replayed_counts(client, f"count-{i}") == expected[f"count-{i}"], f"count-{i}"
+    print(f"\nlock of {shard} (held by {holder}) deleted: led again after {relock:.1f}s")
