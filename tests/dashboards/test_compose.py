@@ -137,9 +137,9 @@ def test_etcd_members_use_only_real_settings() -> None:
 
 def test_quire_environment_variables_are_real_settings() -> None:
     from protocol.config import _PARSERS
-    from workers.config import _FIELDS
+    from workers.config import _FIELDS, _TEXT_FIELDS
 
-    known = {"QUIRE_" + k.upper() for k in _PARSERS} | {v[0] for v in _FIELDS.values()} | {"QUIRE_CONFIG"}
+    known = {"QUIRE_" + k.upper() for k in _PARSERS} | {v[0] for v in _FIELDS.values()} | set(_TEXT_FIELDS.values()) | {"QUIRE_CONFIG"}
     for name, svc in services().items():
         for var in svc.get("environment") or {}:
             if var.startswith("QUIRE_"):
