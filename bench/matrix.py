@@ -20,49 +20,24 @@ from typing import Any
 
 from quire.client import AppendService, Client
 
+from .closed_loop import closed_loop
+
 __all__ = ["append_case", "message_rate", "json_message"]
 
 MB = 1e6
-
-
-def _pct(lat: list[float], q: float) -> float:
-    if not lat:
-        return float("nan")
-    lat = sorted(lat)
-    return lat[min(len(lat) - 1, int(len(lat) * q))]
 
 
 async def append_case(client: Client, journal: str | list[str], size: int, concurrency: int, *,
                       seconds: float, max_bytes: int = 2 << 30, max_ops: int = 1_000_000
                       ) -> dict[str, Any]:
     payload = bytes(size)
-    limit = max(concurrency, min(max_ops, max_bytes // size))
-    lat: list[float] = []
-    errors: list[str] = []
-    started = 0
-    deadline = time.perf_counter() + seconds
-
     journals = [journal] if isinstance(journal, str) else journal
 
-    async def one(name: str) -> None:
-        nonlocal started
-        while started < limit and time.perf_counter() < deadline and len(errors) < 10:
-            started += 1
-            s = time.perf_counter()
-            try:
-                await client.append(name, payload)
-            except Exception as exc:  # noqa: BLE001 - reported in the figures
-                errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                continue
-            lat.append(time.perf_counter() - s)
+    async def append(task: int) -> None:
+        await client.append(journals[task % len(journals)], payload)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(journals[i % len(journals)]) for i in range(concurrency)))
-    elapsed = time.perf_counter() - t0
-    n = len(lat)
-    return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n,
-            "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
-            "errors": len(errors), "first_error": errors[0] if errors else ""}
+    return await closed_loop(append, size, concurrency, seconds=seconds, max_bytes=max_bytes,
+                             max_ops=max_ops)
 
 
 def json_message(i: int, size: int = 100) -> bytes:

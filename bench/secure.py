@@ -8,7 +8,9 @@
 One etcd, three clusters of three coordinators each (different etcd roots) started
 side by side: `plain` (no auth, plain TCP), `auth` (capability tokens checked; peers
 present derived tokens), `tls` (tokens plus TLS with client certificates on every socket,
-mTLS between the coordinators). Each cluster gets one R=3 journal (codec none); the
+mTLS between the coordinators), and a fourth, `secure`, on a second etcd as
+`quire up --secure` runs it: etcd over TLS with client certificates and RBAC (the
+coordinators are etcd's `quire` user, limited to their root prefix), tokens and mTLS. Each cluster gets one R=3 journal (codec none); the
 client drives its primary with 16 connections appending 64 KiB back to back. Phases
 alternate plain / auth / tls for `rounds` rounds, so load swings on a shared machine hit
 every variant alike; the figures are the best round of each, and the ratios compare
@@ -29,6 +31,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench.common import append_once, coordinator_argv, drive, hello, stop_processes, write_json
 from protocol import (
@@ -40,6 +43,7 @@ from protocol.auth import Capability, Keyring, Scope
 from protocol.stream import FrameStream
 from protocol.tls import client_context
 from tools.services import EtcdService, free_port
+from tools.secure_cluster import bootstrap_etcd, prepare
 from tools.tls_certs import make_local_ca
 
 __all__ = ["secure_figures", "main"]
@@ -47,7 +51,7 @@ __all__ = ["secure_figures", "main"]
 JOURNAL = "bench/secure"
 SIZE = 64 << 10
 CONNS = 16
-VARIANTS = ("plain", "auth", "tls")
+VARIANTS = ("plain", "auth", "tls", "secure")
 
 
 @dataclass
@@ -68,7 +72,7 @@ async def _append(s: FrameStream, data: bytes) -> AppendResponse:
     return await append_once(s, JOURNAL, data)
 
 
-async def _prepare(v: Variant, timeout: float = 60.0) -> None:
+async def _prepare(v: Variant, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while True:  # the coordinators are starting
         try:
@@ -133,32 +137,45 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
         extra = {"plain": [], "auth": ["--auth-keys-file", keys],
                  "tls": ["--auth-keys-file", keys, "--tls-cert", ca.cert, "--tls-key", ca.key,
                          "--tls-ca", ca.ca, "--tls-client-auth"]}
+        extra["secure"] = extra["tls"]
+        ssl_ctx = client_context(ca.ca, ca.cert, ca.key)
         variants = [Variant("plain", []), Variant("auth", [], token=token),
-                    Variant("tls", [], token=token, ssl=client_context(ca.ca, ca.cert, ca.key))]
-        with EtcdService("bench-secure-etcd") as etcd:
+                    Variant("tls", [], token=token, ssl=ssl_ctx),
+                    Variant("secure", [], token=token, ssl=ssl_ctx)]
+        files = prepare(Path(work), ca)
+        with EtcdService("bench-secure-etcd") as etcd, \
+                EtcdService("bench-secure-etcd-tls", tls=ca, probe_cert=files.etcd_root) as tls_etcd:
+            bootstrap_etcd(tls_etcd.url, files, "/quire-bench-secure")
+            q = files.etcd_quire
+            etcd_env = {"QUIRE_ETCD_CA": q.ca, "QUIRE_ETCD_CERT": q.cert, "QUIRE_ETCD_KEY": q.key}
             for v in variants:
+                secure = v.name == "secure"
                 for i in range(3):
                     v.endpoints.append(f"127.0.0.1:{free_port()}")
                     log = open(os.path.join(work, f"{v.name}-{i}.log"), "wb")  # noqa: SIM115
                     procs.append(subprocess.Popen(
                         coordinator_argv(zone=f"z{i % 2}", suffix=f"{v.name}-node-{i}",
-                                         listen=v.endpoints[-1], etcd_url=etcd.url,
+                                         listen=v.endpoints[-1],
+                                         etcd_url=tls_etcd.url if secure else etcd.url,
                                          root=f"/quire-bench-{v.name}",
                                          spool_dir=os.path.join(work, f"spool-{v.name}-{i}"),
                                          extra=extra[v.name]),
-                        stdout=log, stderr=subprocess.STDOUT))
+                        stdout=log, stderr=subprocess.STDOUT,
+                        env={**os.environ, **etcd_env} if secure else None))
                     log.close()
             asyncio.run(_drive(variants, seconds, rounds))
     finally:
         stop_processes(procs)
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("QUIRE_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
     out: dict = {"benchmark": "append_r3_64k_secure", "append_bytes": SIZE, "connections": CONNS,
                  "rounds": rounds, "seconds_per_phase": seconds}
     for v in variants:
         best = max(v.rounds, key=lambda r: r["mb_s"])
         out[v.name] = {**best, "all_mb_s": [r["mb_s"] for r in v.rounds]}
     plain = out["plain"]["mb_s"] or 1.0
-    out["ratios"] = {f"{name}_vs_plain": round(out[name]["mb_s"] / plain, 2) for name in ("auth", "tls")}
+    out["ratios"] = {f"{name}_vs_plain": round(out[name]["mb_s"] / plain, 2)
+                     for name in ("auth", "tls", "secure")}
     return out
 
 
@@ -171,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     fig = secure_figures(args.seconds, args.rounds)
     for name in VARIANTS:
         r = fig[name]
-        print(f"64 KiB appends, R=3, {CONNS} connections, {name:5s}: {r['mb_s']:7.1f} MB/s  "
+        print(f"64 KiB appends, R=3, {CONNS} connections, {name:6s}: {r['mb_s']:7.1f} MB/s  "
               f"(rounds {r['all_mb_s']}, load {r['load_avg_1m']:.1f})")
     print(f"ratios: {fig['ratios']}")
     write_json(args.json, fig)

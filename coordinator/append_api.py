@@ -55,9 +55,12 @@ def _appends_counter(status: str):  # noqa: ANN202
 class ClientSource:
     """Chunks from the client, policed for a minimum flow rate."""
 
-    def __init__(self, conn: FrameStream, min_rate: float) -> None:
+    def __init__(self, conn: FrameStream, min_rate: float, expires: float = float("inf")) -> None:
         self.conn = conn
         self.min_rate = min_rate
+        self.expires = expires
+        """Monotonic time the connection's token expires (with leeway): a long append
+        still streaming then is aborted and rolled back, like a read is cut."""
         self.policer: MinRatePolicer | None = None
         self.done = False
         """The client's terminator (commit or abort) was read: the connection is in step."""
@@ -68,6 +71,8 @@ class ClientSource:
         except ProtocolError as exc:
             raise AppendAborted(f"client disconnected: {exc}") from None
         now = time.monotonic()
+        if now >= self.expires:
+            raise AppendAborted("token expired")
         if frame is not None:
             if self.policer is None:
                 self.policer = MinRatePolicer(self.min_rate, now)
@@ -83,9 +88,11 @@ class ClientSource:
             raise AppendAborted("too slow: below the minimum append rate")
         try:
             # asyncio.timeout, not wait_for: no extra task per chunk on the hot path.
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(min(timeout, self.expires - now)):
                 return await self.conn.read()
         except TimeoutError:
+            if time.monotonic() >= self.expires:
+                raise AppendAborted("token expired") from None
             raise AppendAborted("too slow: below the minimum append rate") from None
         except ProtocolError as exc:
             raise AppendAborted(f"client disconnected: {exc}") from None
@@ -101,6 +108,8 @@ class ClientSource:
             if frame is None:
                 return NOT_BUFFERED
             now = time.monotonic()
+            if now >= self.expires:
+                raise AppendAborted("token expired")
             policer = self.policer
             if policer is None:
                 policer = self.policer = MinRatePolicer(self.min_rate, now)
@@ -142,7 +151,7 @@ class ClientSource:
 
 
 async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
-                       min_rate: float) -> bool:
+                       min_rate: float, expires: float = float("inf")) -> bool:
     """Serve one append; True if the connection may carry another RPC."""
     global _in_flight
     started = time.monotonic()
@@ -155,7 +164,7 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
             if not conn.writable():  # (otherwise drain() returns at once: skip the call)
                 await conn.drain()
             return True
-        source = ClientSource(conn, min_rate)
+        source = ClientSource(conn, min_rate, expires)
         fsm = AppendFSM(broker, req, source)
         state = await fsm.run_to()  # (= run(): one coroutine frame less to resume through)
         if state is State.PROXY:

@@ -173,9 +173,10 @@ class PeerTokens:
             return hit[0]
         if len(self._cache) > 4096:
             self._cache.clear()
-        # A proxied read may block for long and is cut when its token expires: it gets a
-        # longer-lived token (Gazette's 1 h); every other hop is checked once, at Hello.
-        ttl = PEER_READ_TTL if cap == Capability.READ else PEER_TTL
+        # A proxied read and a replication pipeline live long and are cut when their
+        # token expires: they get a longer-lived token (Gazette's 1 h); every other hop
+        # is short, checked at Hello.
+        ttl = PEER_READ_TTL if cap in (Capability.READ, Capability.REPLICATE) else PEER_TTL
         tok = self.keyring.derive(self.subject, cap, journal, ttl)
         self._cache[(cap, journal)] = (tok, now + ttl / 2)
         return tok

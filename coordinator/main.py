@@ -68,6 +68,11 @@ def command(
                        keyring=keyring, server_ssl=server_ssl, peer_ssl=peer_ssl)
     persister = None
     if redis:
+        from protocol.redis_security import sign_published_tasks
+
+        # With auth on, the persist tasks this coordinator sends are signed (workers
+        # refuse unsigned ones: docs/security.md).
+        sign_published_tasks(keyring.task_keys() if keyring is not None else None)
         persister = _celery_persister(redis)
     if metrics_port:
         from .metrics import serve

@@ -58,8 +58,11 @@ def make_celery_client(redis_url: str, *, io_timeout: float = 3.0) -> Celery:
     """A bare Celery app that only publishes: no result backend (nothing to wait
     on), no publish retries (the persister retries on its own schedule), and short
     socket timeouts so a dead Redis fails a send in seconds."""
+    from protocol.redis_security import celery_redis_conf
+
     app = Celery("quire-coordinator", broker=redis_url, set_as_current=False)
     app.conf.update(
+        **celery_redis_conf(redis_url),
         task_serializer="json",
         accept_content=["json"],
         task_publish_retry=False,

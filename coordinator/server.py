@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 
 from protocol.logs import get_logger
 from protocol import (
@@ -212,7 +213,9 @@ class Server(Host):
                 return False
             self.append_started()
             try:
-                return await serve_append(self, conn, msg, self.cfg.min_append_rate)
+                left = auth.remaining()  # an append still streaming at token expiry aborts
+                expires = time.monotonic() + left if left is not None else float("inf")
+                return await serve_append(self, conn, msg, self.cfg.min_append_rate, expires)
             finally:
                 self.append_finished()
         if isinstance(msg, ReadRequest):
@@ -229,7 +232,19 @@ class Server(Host):
                 log.info("read cut at token expiry", subject=auth.subject, journal=msg.journal)
                 return False
         if isinstance(msg, ReplicateProposal):
-            return await serve_replicate(self, conn, msg)
+            left = auth.remaining()
+            if left is None:
+                return await serve_replicate(self, conn, msg)
+            deadline = asyncio.timeout(left)
+            try:  # a replicate stream ends when its token does; the primary re-forms it
+                async with deadline:
+                    return await serve_replicate(self, conn, msg)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                log.info("replicate stream cut at token expiry", subject=auth.subject,
+                         journal=msg.proposal.journal)
+                return False
         if isinstance(msg, FetchFragmentRequest):
             return await serve_fetch(self, conn, msg)
         if isinstance(msg, ListFragmentsRequest):

@@ -47,12 +47,18 @@ def command(
     from protocol.credentials import settings_keyring
 
     keyring = settings_keyring(s)  # auth on for /api/state when the cluster's keys are set
+    server_ssl = None
+    if s.tls_cert and s.tls_key:  # TLS on: HTTPS with the cluster's certificate
+        from protocol.tls import server_context
+
+        server_ssl = server_context(s.tls_cert, s.tls_key)
     brokers = [b.strip() for b in (broker or "").split(",") if b.strip()]
 
     async def main() -> None:
         collector = StateCollector(s.etcd_url, s.etcd_root, brokers=brokers, timeout=timeout,
                                    redis_url=redis or os.environ.get("QUIRE_REDIS_URL") or None)
-        server = DashboardServer(collector, host.strip("[]"), int(port), keyring=keyring)
+        server = DashboardServer(collector, host.strip("[]"), int(port), keyring=keyring,
+                                 ssl=server_ssl)
         await server.serve_forever()
 
     try:

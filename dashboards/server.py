@@ -1,7 +1,8 @@
 """A tiny asyncio HTTP/1.1 server for the live dashboard (stdlib only).
 
 Routes: `GET /` (the page), `/app.js`, `/style.css`, `/api/state` (JSON snapshot),
-`/healthz`, and `/login?token=…` when auth is on (access.py: `/api/state` then needs a
+`/healthz`, and `/login?token=…` when auth is on. HTTPS when given an SSL context (TLS on:
+the cluster's certificate, QUIRE_TLS_CERT / QUIRE_TLS_KEY) (access.py: `/api/state` then needs a
 token with LIST and shows only its journals). One request per connection (`Connection: close`), GET and HEAD only,
 request heads capped at 16 KiB: it serves a handful of operators' browsers, not traffic.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from email.utils import formatdate
+from ssl import SSLContext
 from importlib import resources
 from typing import Any
 
@@ -49,8 +51,10 @@ def _static(name: str) -> bytes:
 
 class DashboardServer:
     def __init__(self, collector: StateCollector, host: str = "127.0.0.1", port: int = 8090,
-                 keyring: Keyring | None = None) -> None:
+                 keyring: Keyring | None = None, ssl: SSLContext | None = None) -> None:
         self.collector = collector
+        self.ssl = ssl
+        """Serve HTTPS with this context (the cluster's certificate when TLS is on)."""
         self.keyring = keyring
         self.host = host
         self.port = port
@@ -59,9 +63,12 @@ class DashboardServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port,
-                                                  limit=MAX_HEAD)
+                                                  limit=MAX_HEAD, ssl=self.ssl,
+                                                  ssl_handshake_timeout=READ_TIMEOUT
+                                                  if self.ssl is not None else None)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("dashboard listening", url=f"http://{self.host}:{self.port}/",
+        scheme = "https" if self.ssl is not None else "http"
+        log.info("dashboard listening", url=f"{scheme}://{self.host}:{self.port}/",
                  etcd=self.collector.etcd_url, root=self.collector.root)
 
     async def serve_forever(self) -> None:

@@ -73,7 +73,8 @@ DEFAULT_AUDIENCE = "quire"
 PEER_TTL = 120.0
 """Lifetime of a token a coordinator derives for a peer hop (checked at the hop's Hello)."""
 PEER_READ_TTL = 3600.0
-"""Lifetime of a derived token for a proxied read, which is cut when its token expires."""
+"""Lifetime of a derived token for a proxied read or a replication pipeline, which are cut
+when their token expires (Gazette's 1 h)."""
 
 
 class TokenError(QuireError):
@@ -222,6 +223,12 @@ class Keyring:
 
     def __repr__(self) -> str:
         return f"Keyring({len(self._keys)} keys, audience={self.audience!r})"
+
+    def task_keys(self) -> list[bytes]:
+        """Keys for signing Celery task messages, derived from these (task_signing.py)."""
+        from .task_signing import signing_keys
+
+        return signing_keys(self._keys)
 
     # -- minting ---------------------------------------------------------------------
 

@@ -88,16 +88,20 @@ def store_journals(store: Any, selector: LabelSelector | None) -> dict[str, Labe
     return found
 
 
-def etcd_specs(endpoint: str, root: str) -> dict[str, LabelSet]:
-    """Journal specs under `<root>/journals/` in etcd (`host:port`), as name -> labels."""
+def etcd_specs(endpoint: str, root: str,
+               tls: tuple[str, str, str] = ("", "", "")) -> dict[str, LabelSet]:
+    """Journal specs under `<root>/journals/` in etcd (`host:port`, or `https://…` with
+    `tls` = (CA, client certificate, key) files), as name -> labels."""
     import asyncio
 
     import msgspec
 
     async def fetch() -> list[tuple[bytes, bytes]]:
         from topology.etcd import client_for
+        from topology.etcd_client import EtcdTLS
 
-        client = client_for(endpoint)
+        ca, cert, key = tls
+        client = client_for(endpoint, tls=EtcdTLS(ca, cert or None, key or None) if ca else None)
         try:
             prefix = f"{root}/journals/".encode()
             result = await client.get_prefix(prefix)
@@ -128,7 +132,7 @@ def resolve_journals(opts: ReadOptions, store: Any | None = None) -> list[str]:
     selector = opts.label_selector
     if selector is not None:
         if opts.etcd:
-            candidates = etcd_specs(opts.etcd, opts.etcd_root)
+            candidates = etcd_specs(opts.etcd, opts.etcd_root, opts.etcd_tls)
         else:
             candidates = store_journals(store or open_read_store(opts), selector)
         journals.update(j for j, labels in candidates.items()

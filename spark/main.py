@@ -1,7 +1,7 @@
 """`quire spark …`: batch jobs over journals in the store.
 
     quire spark run hourly-counts --store file:///data/ --selector prefix=topics/clicks/ --out /tmp/r
-    quire spark run hourly-counts --master spark://host:7077 --conf spark.driver.host=10.0.0.1 ...
+    quire spark run hourly-counts --master spark://host:7077 --conf spark.driver.host=HOST-ADDRESS ...
     quire spark jobs
     quire spark index --store file:///data/ --selector prefix=topics/   (no JVM)
     quire spark package --out build/quire-batch.zip                     (for spark-submit --py-files)
@@ -65,7 +65,7 @@ def run(
     option: list[str] = typer.Option([], "--option", "-O", help="data source option KEY=VALUE"),
     conf: list[str] = typer.Option([], "--conf", "-c",
                                    help="Spark configuration KEY=VALUE, as spark-submit's "
-                                        "(e.g. spark.driver.host=10.0.0.1 for a driver that "
+                                        "(e.g. spark.driver.host=HOST-ADDRESS for a driver that "
                                         "executors on other hosts must reach)"),
 ) -> None:
     """Run a batch job on local[*] (or --master) and write its output."""

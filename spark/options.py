@@ -27,7 +27,7 @@ _STORE_OPTIONS = {  # data source option -> open_store keyword
 }
 KNOWN = {"store", "path", "journal", "journals", "selector", "begin", "end", "framing", "mode",
          "maxspanbytes", "minspanbytes", "splitcompressed", "readpastfragments", "batchbytes",
-         "etcd", "etcdroot", "index", "verify", *_STORE_OPTIONS}
+         "etcd", "etcdroot", "etcdca", "etcdcert", "etcdkey", "index", "verify", *_STORE_OPTIONS}
 INDEX_SOURCES = ("listing", "manifest")
 
 
@@ -58,6 +58,9 @@ class ReadOptions:
     """Check each wholly-read fragment's SHA-1 (length is always checked)."""
     etcd: str = ""
     etcd_root: str = "/quire"
+    etcd_tls: tuple[str, str, str] = ("", "", "")
+    """(CA, client certificate, key) files for an `https://` etcd (options etcdCa,
+    etcdCert, etcdKey; default QUIRE_ETCD_CA/CERT/KEY where the planner runs)."""
     store_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -170,5 +173,7 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         index=index, verify=_bool(opts, "verify", False),
         etcd=opts.get("etcd", "").strip(),
         etcd_root=(opts.get("etcdroot", "").strip() or "/quire").rstrip("/") or "/quire",
+        etcd_tls=(opts.get("etcdca", "").strip(), opts.get("etcdcert", "").strip(),
+                  opts.get("etcdkey", "").strip()),
         store_options=store_options,
     )

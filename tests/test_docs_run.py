@@ -12,6 +12,10 @@ A block is marked by an HTML comment on the line before its fence:
                                                     (a JVM start is 20 s idle, minutes on a
                                                     loaded machine; tests/spark cover the jobs)
 
+Every ```sh, ```bash and ```shell block must carry one of these (test_every_shell_block_is_marked),
+so a new block is either run here or says why not. A skip names what the block needs that a
+local `quire up` lacks (S3, TLS, several hosts, root, a second cluster, a long run).
+
 Blocks run as a new user's second terminal would: `bash -e -o pipefail`, a working
 directory of their own (holding `.venv`, a link to this tree's), PATH with `.venv/bin`,
 and HOME whose default data dir is the one `quire up` runs in, and no QUIRE_* variable:
@@ -36,6 +40,7 @@ from tools.services import QuireUpService
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MARK = re.compile(r"^<!--\s*docs-run(?P<attrs>.*?)-->\s*$")
+SHELL_FENCES = ("```sh", "```bash", "```shell")
 ATTR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 BLOCK_TIMEOUT = 600.0
 """Seconds one block may take (a Spark block starts a JVM, slow on a loaded machine)."""
@@ -57,6 +62,10 @@ class Block:
         return f"{self.doc}:{self.line}"
 
 
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def blocks(paths: list[Path] = DOCS) -> list[Block]:
     """Every marked block, in document order (README first, then docs/ by name)."""
     found = []
@@ -66,9 +75,9 @@ def blocks(paths: list[Path] = DOCS) -> list[Block]:
             m = MARK.match(line.strip())
             if not m:
                 continue
-            rel = str(path.relative_to(REPO))
+            rel = _rel(path)
             fence = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            assert fence in ("```sh", "```bash"), f"{rel}:{i + 1}: docs-run must precede a ```sh block"
+            assert fence in SHELL_FENCES, f"{rel}:{i + 1}: docs-run must precede a ```sh block"
             end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
             block = Block(rel, i + 2, "\n".join(lines[i + 2:end]) + "\n")
             for key, value in ATTR.findall(m["attrs"]):
@@ -87,7 +96,40 @@ def blocks(paths: list[Path] = DOCS) -> list[Block]:
     return found
 
 
+def unmarked(paths: list[Path] = DOCS) -> list[str]:
+    """`doc:line` of every shell block with no docs-run marker on the line before it."""
+    found = []
+    for path in paths:
+        lines = path.read_text().splitlines()
+        inside = False
+        for i, line in enumerate(lines):
+            fence = line.strip()
+            if inside:
+                inside = fence != "```"
+                continue
+            if not fence.startswith("```"):
+                continue
+            inside = True
+            if fence in SHELL_FENCES and not (i and MARK.match(lines[i - 1].strip())):
+                found.append(f"{_rel(path)}:{i + 1}")
+    return found
+
+
 BLOCKS = blocks()
+
+
+def test_every_shell_block_is_marked() -> None:
+    missing = unmarked()
+    assert not missing, (f"shell blocks with no <!-- docs-run ... --> marker (run it, or "
+                         f"skip=\"what it needs\"): {missing}")
+
+
+def test_unmarked_finds_a_bare_block(tmp_path: Path) -> None:
+    doc = tmp_path / "probe.md"
+    doc.write_text("```sh\nquire up\n```\n\n<!-- docs-run -->\n```bash\ntrue\n```\n"
+                   "```python\n```sh\n```\n  ```shell\n  ls\n  ```\n")
+    assert unmarked([doc]) == ["probe.md:1", "probe.md:12"]
+    assert [b.line for b in blocks([doc])] == [6]
 
 
 def test_readme_has_a_runnable_walkthrough() -> None:

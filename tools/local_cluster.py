@@ -91,7 +91,7 @@ def _package_dir(name: str) -> Path | None:
 class LocalCluster:
     def __init__(self, data_dir: str | Path, *, coordinators: int = 1, store: str | None = None,
                  flower: bool = False, zones: int = 1, port: int = 8080, tls: bool = False,
-                 auth: bool = False) -> None:
+                 auth: bool = False, secure: bool = False) -> None:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.n = coordinators
@@ -107,6 +107,9 @@ class LocalCluster:
         self.flower_url = ""
         self.dashboard_url = ""
         self.tls = None
+        tls = tls or secure
+        auth = auth or secure
+        self.secure = None  # --secure: tools/secure_cluster.py
         if tls:  # a local CA and one certificate; every process finds them in env()
             from tools.tls_certs import make_local_ca
 
@@ -115,6 +118,11 @@ class LocalCluster:
         self.service_token = self.admin_token = ""
         if auth:
             self._make_auth()
+        if secure:
+            from tools.secure_cluster import prepare
+
+            assert self.tls is not None
+            self.secure = prepare(self.data_dir, self.tls)
 
     # -- layout ---------------------------------------------------------------------
 
@@ -135,6 +143,7 @@ class LocalCluster:
         ports["redis"] = pick("redis", None)
         ports["flower"] = pick("flower", None)
         ports["dashboard"] = pick("dashboard", None)
+        ports["worker_metrics"] = pick("worker_metrics", None)
         ports["coordinators"] = []
         for i in range(self.n):
             prev = (saved.get("coordinators") or [])
@@ -145,10 +154,20 @@ class LocalCluster:
 
     @property
     def etcd_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['etcd_client']}"
+        scheme = "https" if self.secure is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.ports['etcd_client']}"
 
     @property
     def redis_url(self) -> str:
+        """The operator's Redis URL (with --secure: the `quire-beat` ACL user)."""
+        return self.redis_url_for("beat")
+
+    def redis_url_for(self, role: str) -> str:
+        """The Redis URL a role uses: with --secure its own ACL user over TLS."""
+        if self.secure is not None:
+            from tools.secure_cluster import redis_url
+
+            return redis_url(self.secure, self.ports["redis"], role)
         return f"redis://127.0.0.1:{self.ports['redis']}/0"
 
     @property
@@ -165,7 +184,8 @@ class LocalCluster:
                 "QUIRE_ETCD_URL": self.etcd_url, "QUIRE_ETCD_ROOT": ROOT,
                 "QUIRE_REDIS_URL": self.redis_url, "QUIRE_STORE_URL": self.store,
                 "QUIRE_DATA_DIR": str(self.data_dir), "PYTHONUNBUFFERED": "1",
-                "QUIRE_DISCOVER": "0", **self.tls_env(), **self.auth_env()}
+                "QUIRE_DISCOVER": "0", **self.tls_env(), **self.auth_env(),
+                **self.secure_env()}
 
     @staticmethod
     def inherited_security(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -185,6 +205,7 @@ class LocalCluster:
         out.update({k: v for k, v in self.tls_env().items() if k != "QUIRE_TLS_CLIENT_AUTH"})
         if self.keys_file:  # the operator's token, and the keys to mint more with
             out.update({"QUIRE_TOKEN": self.admin_token, "QUIRE_AUTH_KEYS_FILE": self.keys_file})
+        out.update(self.secure_exports())  # --secure: etcd's certificate, the operator's Redis user
         return out
 
     @property
@@ -203,6 +224,27 @@ class LocalCluster:
         found = read_env_file(self.env_path)
         if found is not None and found.pid == os.getpid():
             self.env_path.unlink(missing_ok=True)
+
+    def role_env(self, role: str) -> dict[str, str]:
+        """env() with the Redis URL of `role` (worker, beat, coordinator)."""
+        return {**self.env(), "QUIRE_REDIS_URL": self.redis_url_for(role)}
+
+    def secure_exports(self) -> dict[str, str]:
+        """With --secure: what the operator's CLI needs beyond QUIRE_BROKER, TLS and token:
+        etcd (URL and the `quire` user's certificate) and Redis (the operator's ACL user,
+        for `journals delete --purge` and `journals prune`)."""
+        if self.secure is None:
+            return {}
+        return {"QUIRE_ETCD_URL": self.etcd_url, **self.secure_env(),
+                "QUIRE_REDIS_URL": self.redis_url_for("beat")}
+
+    def secure_env(self) -> dict[str, str]:
+        """With --secure: every process's etcd client certificate (CN quire: the etcd user
+        whose role reaches only the cluster's prefix)."""
+        if self.secure is None:
+            return {}
+        q = self.secure.etcd_quire
+        return {"QUIRE_ETCD_CA": q.ca, "QUIRE_ETCD_CERT": q.cert, "QUIRE_ETCD_KEY": q.key}
 
     def _make_auth(self) -> None:
         """--auth: a signing key kept under <data-dir>/auth/ (0600), a token for the
@@ -252,11 +294,22 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
+            sec = self.secure
             self._start(EtcdService("etcd", client_port=self.ports["etcd_client"],
                                     peer_port=self.ports["etcd_peer"],
-                                    workdir=self.data_dir / "etcd"))
+                                    workdir=self.data_dir / "etcd",
+                                    tls=sec.ca if sec else None,
+                                    probe_cert=sec.etcd_root if sec else None))
+            if sec is not None:
+                from tools.secure_cluster import bootstrap_etcd
+
+                bootstrap_etcd(self.etcd_url, sec, ROOT)
             self._start(RedisService("redis", port=self.ports["redis"], appendonly=True,
-                                     workdir=self.data_dir / "redis"))
+                                     workdir=self.data_dir / "redis",
+                                     tls=sec.ca if sec else None,
+                                     aclfile=sec.aclfile if sec else None,
+                                     probe_user=("quire-worker", sec.redis_passwords["worker"])
+                                     if sec else None))
             self._start_coordinators()
             self._start_workers()
             self._start_dashboard()
@@ -278,13 +331,15 @@ class LocalCluster:
             argv = [sys.executable, "-m", "coordinator.main", "--zone", zone, "--id", ident,
                     "--listen", endpoint, "--etcd", self.etcd_url, "--root", ROOT,
                     "--spool-dir", str(self.data_dir / "spool" / ident),
-                    "--redis", self.redis_url, "--drain-timeout", f"{DRAIN_TIMEOUT:g}"]
+                    "--redis", self.redis_url_for("coordinator"),
+                    "--drain-timeout", f"{DRAIN_TIMEOUT:g}"]
             ctx = None
             if self.tls is not None:
                 from protocol.tls import client_context
 
                 ctx = client_context(self.tls.ca, self.tls.cert, self.tls.key)
-            svc = Service(ident, argv, env=self.env(), workdir=self.data_dir / "logs" / ident,
+            svc = Service(ident, argv, env=self.role_env("coordinator"),
+                          workdir=self.data_dir / "logs" / ident,
                           probe=lambda e=endpoint, c=ctx: hello_probe(e, ssl=c, token=self.service_token),
                           ready_timeout=60,
                           stop_timeout=DRAIN_TIMEOUT + 15)  # SIGKILL only past its drain
@@ -304,8 +359,10 @@ class LocalCluster:
                               "(fragments stay on coordinator disks)")
             return
         queues = ["celery"] + [q for q in ("persist", "index", "pulse", "prune", "jobs") if (workers / f"{q}.py").exists()]
-        env = self.env()
-        self._start(CeleryWorkerService("worker", redis_url=self.redis_url, queues=queues,
+        env = self.role_env("worker")
+        if self.secure is not None:  # the refusal counter must be readable: loopback only
+            env["QUIRE_WORKER_METRICS_PORT"] = str(self.ports["worker_metrics"])
+        self._start(CeleryWorkerService("worker", redis_url=self.redis_url_for("worker"), queues=queues,
                                         pool="threads", concurrency=4, env=env,
                                         workdir=self.data_dir / "logs" / "worker"))
         if "beat_schedule" in (workers / "app.py").read_text():
@@ -313,7 +370,7 @@ class LocalCluster:
             beat_dir.mkdir(parents=True, exist_ok=True)
             beat = Service("beat", [sys.executable, "-m", "celery", "-A", "workers.app", "beat",
                                     "--schedule", str(beat_dir / "schedule"), "--loglevel", "INFO"],
-                           env=env, workdir=beat_dir)
+                           env=self.role_env("beat"), workdir=beat_dir)
             beat.describe = lambda: "celery beat (index & pulse sweeps)"  # type: ignore[method-assign]
             self._start(beat)
         else:
@@ -333,11 +390,16 @@ class LocalCluster:
             self.notes.append("dashboards package not found: no live dashboard")
             return
         port = self.ports["dashboard"]
-        self.dashboard_url = f"http://127.0.0.1:{port}/"
+        ctx = None
+        if self.tls is not None:  # the dashboard serves HTTPS with the cluster's certificate
+            from protocol.tls import client_context
+
+            ctx = client_context(self.tls.ca)
+        self.dashboard_url = f"{'https' if ctx else 'http'}://127.0.0.1:{port}/"
         dash = Service("dashboard", [sys.executable, "-m", "dashboards.main", "--etcd", self.etcd_url,
                                      "--root", ROOT, "--listen", f"127.0.0.1:{port}"],
-                       env=self.env(), workdir=self.data_dir / "logs" / "dashboard",
-                       probe=lambda: _http_ok(self.dashboard_url), ready_timeout=60)
+                       env=self.role_env("coordinator"), workdir=self.data_dir / "logs" / "dashboard",
+                       probe=lambda: _http_ok(self.dashboard_url, ctx), ready_timeout=60)
         dash.describe = lambda: self.dashboard_url  # type: ignore[method-assign]
         self._start(dash)
 
@@ -378,8 +440,8 @@ class LocalCluster:
         self.stop()
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, ctx: Any = None) -> bool:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=1.0) as resp:
+    with urllib.request.urlopen(url, timeout=1.0, context=ctx) as resp:
         return resp.status < 500

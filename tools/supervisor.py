@@ -136,7 +136,7 @@ class Supervisor:
 
 def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None, flower: bool,
                    zones: int, port: int, output: str = "table", tls: bool = False,
-                   auth: bool = False, restart: bool = True) -> int:
+                   auth: bool = False, restart: bool = True, secure: bool = False) -> int:
     """`quire up`: start, print what runs where, supervise until Ctrl-C/SIGTERM, stop."""
     from protocol.config import default_data_dir
     from tools.output import line_buffered, make_console, make_table
@@ -153,11 +153,11 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     data = Path(data_dir) if data_dir else Path(os.environ.get("QUIRE_DATA_DIR")
                                                 or default_data_dir())
     cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port, tls=tls, auth=auth)
+                           zones=zones, port=port, tls=tls, auth=auth, secure=secure)
     custom = cluster.data_dir != default_data_dir().absolute()
     blanked = cluster.inherited_security()
     if blanked:
-        flags = " ".join(f for f, on in (("--auth", auth), ("--tls", tls)) if on)
+        flags = " ".join(f for f, on in (("--auth", auth), ("--tls", tls), ("--secure", secure)) if on)
         say(f"note: inherited {', '.join(blanked)} cleared for members: their security comes "
             f"from quire up's own flags only (here: {flags or 'none, so plain TCP and no tokens'})")
     started = time.monotonic()
@@ -169,6 +169,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
                               "dashboard": cluster.dashboard_url, "tls": cluster.tls_env(),
                               "auth": ({"keys_file": cluster.keys_file, "token": cluster.admin_token}
                                        if cluster.keys_file else {}),
+                              "secure": cluster.secure_exports(),
                               "data_dir": str(cluster.data_dir), "env": cluster.client_env(),
                               "blanked_for_members": blanked, "services": cluster.rows()}),
                   flush=True)

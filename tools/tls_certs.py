@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LocalCA", "make_local_ca"]
+__all__ = ["LocalCA", "issue_cert", "make_local_ca"]
 
 VALIDITY = dt.timedelta(days=365)
 
@@ -81,4 +81,48 @@ def make_local_ca(directory: str | os.PathLike[str], hosts: tuple[str, ...] = ("
     Path(out.ca).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     Path(out.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(Path(out.key), key)
+    _write_key(d / "ca-key.pem", ca_key)  # to issue more (issue_cert), 0600 like every key
+    return out
+
+
+def issue_cert(ca: LocalCA, name: str, common_name: str,
+               hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> LocalCA:
+    """A certificate `<name>.pem` / `<name>-key.pem` beside the CA, signed by it, with
+    `common_name` (etcd takes a client certificate's CN as its user) and `hosts` as
+    names; usable as server and client certificate. Made once, kept across runs."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d = Path(ca.ca).parent
+    out = LocalCA(ca.ca, str(d / f"{name}.pem"), str(d / f"{name}-key.pem"))
+    if Path(out.cert).exists() and Path(out.key).exists():
+        return out
+    ca_key_path = d / "ca-key.pem"
+    if not ca_key_path.exists():
+        raise FileNotFoundError(f"{ca_key_path}: the CA's key is missing (a CA made before "
+                                f"it was kept); remove {d} to make a new CA")
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(Path(ca.ca).read_bytes())
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + VALIDITY)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    _write_key(Path(out.key), key)
+    Path(out.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return out

@@ -27,6 +27,7 @@ from aetcd import rpc
 
 from protocol import ProcessId
 from protocol.errors import EtcdTransactionFailed, QuireError, Unavailable
+from protocol.status import Status
 
 from .etcd_client import EtcdClient, EtcdEndpointError, EtcdTLS, parse_endpoints
 
@@ -34,6 +35,8 @@ __all__ = [
     "AssignmentConflict",
     "DuplicateMember",
     "EtcdError",
+    "EtcdRefused",
+    "check_access",
     "MalformedKey",
     "NotLeader",
     "TopologyError",
@@ -89,6 +92,14 @@ class EtcdError(Unavailable):
     """etcd could not be reached or refused a request (retriable: UNAVAILABLE)."""
 
 
+class EtcdRefused(EtcdError):
+    """etcd refused this client: no or a wrong client certificate (TLS handshake), plain
+    HTTP to a TLS port, or a user whose role lacks the key (PERMISSION_DENIED). Not
+    retriable: the message names etcd and the reason."""
+
+    status = Status.UNAUTHORIZED
+
+
 # -- connecting ---------------------------------------------------------------------------
 
 def client_for(url: str, *, timeout: float | None = 10.0,
@@ -105,7 +116,7 @@ def client_for(url: str, *, timeout: float | None = 10.0,
 
 
 async def connect(url: str, *, timeout: float | None = 10.0, tls: EtcdTLS | None = None,
-                  probe: float | None = None) -> EtcdClient:
+                  probe: float | None = None, root: str | None = None) -> EtcdClient:
     """A connected client for `url` (see `client_for`).
 
     The per-call timeout bounds every unary RPC, so a dead etcd surfaces as an error
@@ -120,6 +131,8 @@ async def connect(url: str, *, timeout: float | None = 10.0, tls: EtcdTLS | None
         await client.connect()
         if probe is not None:
             await _probe(client, probe)
+            if root is not None:
+                await check_access(client, root, probe)
     except BaseException as exc:
         await client.close()
         if isinstance(exc, EtcdError | asyncio.CancelledError):
@@ -127,6 +140,51 @@ async def connect(url: str, *, timeout: float | None = 10.0, tls: EtcdTLS | None
         raise EtcdError(f"etcd unreachable at {client.url} (set by QUIRE_ETCD_URL or --etcd): "
                         f"{describe_etcd_error(exc)}") from exc
     return client
+
+
+async def check_access(client: EtcdClient, root: str, timeout: float = 10.0) -> None:
+    """Read one key under `root` (count only): EtcdRefused when the client's etcd user
+    (its certificate's CN) has no role granting the cluster's prefix."""
+    prefix = _root(root).encode() + b"/"
+    try:
+        await client.kvstub.Range(rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix),
+                                                   count_only=True),
+                                  timeout=timeout, metadata=client.metadata)
+    except rpc.AioRpcError as exc:
+        raise EtcdRefused(f"etcd at {client.url} refused {_user(client)} on "
+                          f"{prefix.decode()}: {describe_etcd_error(exc)}") from None
+
+
+def _user(client: EtcdClient) -> str:
+    """`user 'quire'` (the CN of the client certificate) or `a client without a certificate`."""
+    tls = client.tls
+    if tls is None or not tls.cert:
+        return "a client without a certificate"
+    try:
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+
+        with open(tls.cert, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return f"user {cn[0].value!r}" if cn else f"the certificate {tls.cert}"
+    except Exception:  # noqa: BLE001 - only for the message
+        return f"the certificate {tls.cert}"
+
+
+def refusal_reason(details: str) -> str | None:
+    """Why a failed gRPC connection was refused, if it was (not merely down)."""
+    low = details.lower()
+    if "tsi_data_corrupted" in low or "bad_certificate" in low or "handshake failed" in low \
+            or "certificate required" in low or "unwrap failed" in low:
+        return ("TLS handshake refused: etcd requires a client certificate signed by its CA "
+                "(QUIRE_ETCD_CERT, QUIRE_ETCD_KEY)")
+    if "security handshaker" in low or "certificate verify failed" in low:
+        return "TLS handshake failed: the server's certificate does not chain to QUIRE_ETCD_CA"
+    if "socket closed" in low:
+        return ("the member closed the connection at once: it serves TLS? "
+                "(use https:// with QUIRE_ETCD_CA and a client certificate)")
+    return None
 
 
 async def _probe(client: EtcdClient, seconds: float) -> None:
@@ -146,6 +204,9 @@ async def _probe(client: EtcdClient, seconds: float) -> None:
             last = exc
             client.fail_over(f"probe: {exc.code().name}", channel=channel)
             await client.connect()
+    if isinstance(last, rpc.AioRpcError) and refusal_reason(last.details() or ""):
+        raise EtcdRefused(f"etcd at {client.url} refused {_user(client)}: "
+                          f"{refusal_reason(last.details() or '')}")
     raise EtcdError(f"etcd unreachable at {client.url} (set by QUIRE_ETCD_URL or --etcd): "
                     f"{describe_etcd_error(last) if last else f'no answer within {seconds:g} s'}")
 
@@ -156,11 +217,17 @@ def describe_etcd_error(exc: BaseException) -> str:
         code = exc.code()
         details = (exc.details() or "").split(";")[0].strip()
         if code == grpc.StatusCode.UNAVAILABLE:
+            reason = refusal_reason(exc.details() or "")
+            if reason is not None:
+                return f"refused: {reason}"
             return f"no member answered ({details or 'connection refused'})"
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return "no answer in time"
-        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-            return f"refused: {details}"
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return (f"refused: {details} (the etcd user, the CN of QUIRE_ETCD_CERT, has no "
+                    "role granting this key)")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return f"refused: {details} (no etcd user: present a client certificate)"
         return f"{code.name}: {details}"
     return f"{type(exc).__name__}: {exc}"
 

@@ -18,7 +18,10 @@ from celery import Celery
 from celery.signals import setup_logging, worker_ready
 
 from protocol.config import Settings, load_settings
+from protocol.credentials import settings_keyring
 from protocol.logs import configure_logging, get_logger
+from protocol.redis_security import celery_redis_conf, sign_published_tasks
+from workers import signing
 from workers.config import WorkerSettings, load_worker_settings
 from workers.jobs_schedule import JOB_ROUTES, JOB_TASK_MODULES, job_beat
 
@@ -33,7 +36,13 @@ log = get_logger(__name__)
 def make_app(settings: Settings | None = None, worker: WorkerSettings | None = None) -> Celery:
     settings = load_settings() if settings is None else settings
     worker = load_worker_settings() if worker is None else worker
-    app = Celery("quire", broker=settings.redis_url, backend=settings.redis_url, include=TASK_MODULES)
+    # With auth on (keys configured), every message is signed on the way out and checked
+    # before it runs (workers/signing.py, docs/security.md).
+    keyring = settings_keyring(settings)
+    signing.configure(keyring)
+    sign_published_tasks(keyring.task_keys() if keyring is not None else None)
+    app = Celery("quire", broker=settings.redis_url, backend=settings.redis_url,
+                 include=TASK_MODULES, task_cls=signing.SignedTask)
     io = worker.io_timeout
     redis_opts = {
         "visibility_timeout": worker.visibility_timeout,
@@ -60,6 +69,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
         redis_socket_timeout=io,
         redis_socket_connect_timeout=min(io, 5.0),
         result_expires=3600,
+        **celery_redis_conf(settings.redis_url),
         task_routes={
             "workers.persist.*": {"queue": "persist"},
             "workers.index.*": {"queue": "index"},
@@ -128,6 +138,6 @@ def _serve_metrics(**_: Any) -> None:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-        start_http_server(worker_settings.metrics_port, addr="0.0.0.0",
+        start_http_server(worker_settings.metrics_port, addr=worker_settings.metrics_addr,
                           **({"registry": registry} if registry is not None else {}))
         log.info("metrics server started", port=worker_settings.metrics_port)

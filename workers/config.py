@@ -38,6 +38,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     persistence from starving appends of disk and network."""
     metrics_port: int = 0
     """Serve Prometheus metrics on this port in the worker's main process (0 = off)."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the metrics server binds (QUIRE_WORKER_METRICS_ADDR; 0.0.0.0: every
+    interface). Loopback unless an address is given."""
+    stores: tuple[str, ...] = ()
+    """Store URLs a persist task may write to besides QUIRE_STORE_URL
+    (QUIRE_WORKER_STORES, comma-separated). A message naming another store is refused."""
     jobs_interval: float = 5.0
     """How often beat runs `workers.jobs.sweep` (creates and dispatches job runs)."""
     mark_retention: float = 604800.0
@@ -63,6 +69,10 @@ _FIELDS = {
 }
 
 
+_TEXT_FIELDS = {"metrics_addr": "QUIRE_WORKER_METRICS_ADDR", "stores": "QUIRE_WORKER_STORES"}
+"""The settings that are not numbers (read below)."""
+
+
 def load_worker_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     env = os.environ if env is None else env
     values: dict[str, float | int] = {}
@@ -77,4 +87,11 @@ def load_worker_settings(env: Mapping[str, str] | None = None) -> WorkerSettings
         if value < minimum:
             raise ConfigError(f"{var}: expected a number >= {minimum}, got {raw!r}")
         values[field] = value
-    return WorkerSettings(**values)  # type: ignore[arg-type]
+    extra: dict[str, object] = {}
+    addr = env.get(_TEXT_FIELDS["metrics_addr"], "").strip()
+    if addr:
+        extra["metrics_addr"] = addr
+    stores = tuple(s.strip() for s in env.get(_TEXT_FIELDS["stores"], "").split(",") if s.strip())
+    if stores:
+        extra["stores"] = stores
+    return WorkerSettings(**values, **extra)  # type: ignore[arg-type]

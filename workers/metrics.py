@@ -17,6 +17,7 @@ __all__ = [
     "INDEX_REFRESH_SECONDS",
     "PERSIST_BYTES",
     "PERSIST_OBJECTS",
+    "REFUSED_TASKS",
     "TASK_FAILURES",
     "TASK_OUTCOMES",
 ]
@@ -30,6 +31,12 @@ TASK_FAILURES = Counter(
     "quire_worker_task_failures_total",
     "Tasks that failed for good (retries exhausted or a non-retriable error).",
     ["task"],
+)
+REFUSED_TASKS = Counter(
+    "quire_worker_refused_tasks_total",
+    "Task messages refused before running (workers.signing), by task name and reason: "
+    "unsigned, bad_signature, no_apply_token.",
+    ["task", "reason"],
 )
 PERSIST_BYTES = Counter(
     "quire_persist_bytes_total",

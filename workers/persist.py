@@ -33,7 +33,7 @@ from fragment_store import (
 )
 from protocol.logs import bind, get_logger
 from protocol import Fragment, ValidationError
-from workers import common, metrics
+from workers import common, metrics, signing
 from workers.app import app
 from workers.errors import RETRIABLE, FragmentNotLocal
 from workers.fetch import fetch_fragment
@@ -56,9 +56,24 @@ def _decode(fragment: dict[str, Any]) -> Fragment:
     return f
 
 
+class StoreNotAllowed(ValidationError):
+    """A persist message names a store this worker is not configured for."""
+
+
+def check_store(store_url: str) -> None:
+    """Refuse a store that is neither this worker's QUIRE_STORE_URL nor one of
+    QUIRE_WORKER_STORES: a forged message must not make a worker write anywhere."""
+    allowed = {common.settings().store_url, *common.worker_settings().stores}
+    if store_url not in allowed:
+        raise StoreNotAllowed("store", f"{store_url!r} is not a store this worker writes to "
+                                       "(QUIRE_STORE_URL / QUIRE_WORKER_STORES)")
+
+
 def persist(fragment: Fragment, endpoints: list[str], store_url: str) -> dict[str, Any]:
     """The task body, callable without Celery (used by the task and its tests)."""
     ws = common.worker_settings()
+    if signing.enabled() or ws.stores:  # auth on, or stores listed: only those
+        check_store(store_url)
     st = common.store(store_url)
     key = fragment_key(fragment)
     result = {"store": store_url, "key": key, "bytes": fragment.content_length}

@@ -44,7 +44,7 @@ from workers.errors import MAINTENANCE_RETRY, RETRIABLE
 from workers.index import refresh
 from workers.topology import read_topology_sync, read_value_sync
 
-__all__ = ["guard_key", "prune", "prune_journal", "read_guard", "sweep"]
+__all__ = ["apply_capability", "guard_key", "prune", "prune_journal", "read_guard", "sweep"]
 
 log = get_logger(__name__)
 
@@ -65,6 +65,20 @@ def read_guard(etcd_url: str, root: str, journal: str, *, timeout: float = 10.0)
         # An unreadable guard must not unlock deletion: treat it as "keep everything".
         log.warning("unreadable guard offset; pruning nothing", key=guard_key(root, journal))
         return 0
+
+
+def apply_capability(journal: str) -> dict[str, str]:
+    """With auth on, the `capability` argument a destructive task needs: an APPLY token
+    on exactly `journal`, living DESTRUCTIVE_TTL (workers.signing checks it)."""
+    from protocol.auth import Capability
+    from protocol.credentials import settings_keyring
+    from protocol.task_signing import DESTRUCTIVE_TTL
+
+    ring = settings_keyring(common.settings())
+    if ring is None:
+        return {}
+    return {"capability": ring.derive("quire-prune-sweep", Capability.APPLY, journal,
+                                      DESTRUCTIVE_TTL)}
 
 
 def is_recovery_log(spec: JournalSpec) -> bool:
@@ -114,7 +128,10 @@ def prune(journal: str, dry_run: bool = False, now: float | None = None) -> dict
 
 @app.task(name="workers.prune.prune_journal", bind=True, autoretry_for=(*RETRIABLE, StoreUnavailable),
           retry_backoff=True, retry_backoff_max=60, retry_jitter=True, max_retries=5)
-def prune_journal(self: Any, journal: str, dry_run: bool = False) -> dict[str, Any]:
+def prune_journal(self: Any, journal: str, dry_run: bool = False,
+                  capability: str = "") -> dict[str, Any]:
+    # `capability`: with auth on, an APPLY token on the journal, checked (with the
+    # message's signature) by workers.signing before this body runs.
     with bind(journal=journal, task_id=self.request.id):
         return prune(journal, dry_run)
 
@@ -130,7 +147,8 @@ def sweep(self: Any) -> int:
             return 0
         due = sorted(n for n, jt in topo.journals.items() if _due(jt.spec))
         for name in due:
-            prune_journal.apply_async(args=[name], expires=ws.prune_interval)
+            prune_journal.apply_async(args=[name], kwargs=apply_capability(name),
+                                      expires=ws.prune_interval)
         log.info("prune sweep", journals=len(topo.journals), enqueued=len(due))
         return len(due)
 
@@ -166,6 +184,7 @@ def purge(journal: str, stores: list[str]) -> dict[str, Any]:
 @app.task(name="workers.prune.purge_journal", bind=True,
           autoretry_for=(*RETRIABLE, StoreUnavailable), retry_backoff=True,
           retry_backoff_max=60, retry_jitter=True, max_retries=5)
-def purge_journal(self: Any, journal: str, stores: list[str]) -> dict[str, Any]:
+def purge_journal(self: Any, journal: str, stores: list[str],
+                  capability: str = "") -> dict[str, Any]:
     with bind(journal=journal, task_id=self.request.id):
         return purge(journal, stores)

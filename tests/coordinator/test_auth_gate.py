@@ -63,6 +63,9 @@ def test_peer_tokens_are_derived_per_journal_and_capability_and_cached() -> None
     c = RING.verify(t1)
     assert c.subject == "peer:z#a" and c.caps == Capability.REPLICATE
     assert c.scope.prefixes == ("team-a/x1",) and not c.scope.covers("team-a/x2", None)
-    assert c.expires_at - c.issued_at == PEER_TTL
+    # A replication pipeline is cut when its token expires: it lives as long as a read's.
+    assert c.expires_at - c.issued_at == PEER_READ_TTL
+    a = RING.verify(peers.token(Capability.APPEND, "team-a/x1"))
+    assert a.expires_at - a.issued_at == PEER_TTL
     r = RING.verify(peers.token(Capability.READ, "team-a/x1"))
     assert r.expires_at - r.issued_at == PEER_READ_TTL and r.caps == Capability.READ

@@ -137,9 +137,9 @@ def test_etcd_members_use_only_real_settings() -> None:
 
 def test_quire_environment_variables_are_real_settings() -> None:
     from protocol.config import _PARSERS
-    from workers.config import _FIELDS
+    from workers.config import _FIELDS, _TEXT_FIELDS
 
-    known = {"QUIRE_" + k.upper() for k in _PARSERS} | {v[0] for v in _FIELDS.values()} | {"QUIRE_CONFIG"}
+    known = {"QUIRE_" + k.upper() for k in _PARSERS} | {v[0] for v in _FIELDS.values()} | set(_TEXT_FIELDS.values()) | {"QUIRE_CONFIG"}
     for name, svc in services().items():
         for var in svc.get("environment") or {}:
             if var.startswith("QUIRE_"):
@@ -154,7 +154,9 @@ def test_coordinators_span_zones_and_advertise_their_own_name() -> None:
         opts = dict(zip(cmd[2::2], cmd[3::2], strict=True))
         host = opts["--listen"].rsplit(":", 1)[0]
         assert host == name == services()[name].get("hostname", name)
-        assert opts["--etcd"].removeprefix("http://").split(":")[0] in services()
+        # Every etcd member, so losing the one a coordinator talks to is invisible (#31).
+        members = [u.removeprefix("http://").split(":")[0] for u in opts["--etcd"].split(",")]
+        assert len(members) == 3 and all(m in services() for m in members)
         assert "--metrics-port" in opts and "--redis" in opts
         # Prometheus runs in another container: metrics bind beyond loopback, no relay.
         assert opts["--metrics-addr"] == "0.0.0.0"

@@ -189,15 +189,37 @@ def delete(ctx: typer.Context, name: str = typer.Argument(..., help="Journal nam
     row: dict = {"journal": name, "deleted": True, "revision": revision}
     text = f"deleted {name} at revision {revision}"
     if purge and stores:
+        import time
+
+        # Runs after the grace: its APPLY token is valid from then, for minutes.
+        extra = destructive_kwargs(name, not_before=time.time() + max(0.0, grace))
         celery = celery_for_cli(settings().redis_url)
         try:
             celery.send_task("workers.prune.purge_journal", args=[name, list(stores)],
-                             queue="prune", countdown=max(0.0, grace))
+                             kwargs=extra, queue="prune", countdown=max(0.0, grace))
         finally:
             celery.close()
         row["purge_after"] = grace
         text += f"; its objects will be purged in {grace:g}s"
     _report(output, row, text)
+
+
+def destructive_kwargs(journal: str, not_before: float | None = None) -> dict[str, str]:
+    """With the cluster's keys (QUIRE_AUTH_KEYS_FILE: an operator), sign the task messages
+    this process sends and give a destructive task its APPLY token on `journal`
+    (docs/security.md). Without keys, nothing: an auth-on cluster's workers refuse it."""
+    from protocol.auth import Capability, Scope
+    from protocol.config import load_settings
+    from protocol.credentials import settings_keyring
+    from protocol.redis_security import sign_published_tasks
+    from protocol.task_signing import DESTRUCTIVE_TTL
+
+    ring = settings_keyring(load_settings())
+    sign_published_tasks(ring.task_keys() if ring is not None else None)
+    if ring is None:
+        return {}
+    return {"capability": ring.mint(Capability.APPLY, Scope.of([journal]), DESTRUCTIVE_TTL,
+                                    "quire-cli", now=not_before)}
 
 
 @app.command("reset-head")
@@ -236,7 +258,8 @@ def prune(ctx: typer.Context, selector: str = SelectorOption,
     celery = celery_for_cli(url)
     try:
         sent = [celery.send_task("workers.prune.prune_journal", args=[e.spec.name, dry_run],
-                                 queue="prune") for e in entries]
+                                 kwargs=destructive_kwargs(e.spec.name), queue="prune")
+                for e in entries]
         plans = [r.get(timeout=timeout) for r in sent]
     except ServiceUnreachable:
         raise

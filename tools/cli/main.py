@@ -114,6 +114,10 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
        auth: bool = typer.Option(False, "--auth", help="Coordinators check capability tokens; "
                                  "a key is made under <data-dir>/auth/ and an operator token "
                                  "printed."),
+       secure: bool = typer.Option(False, "--secure", help="--auth --tls and every other "
+                                   "channel locked: etcd over TLS with client certificates "
+                                   "and RBAC, Redis with ACL users over TLS, signed Celery "
+                                   "tasks, the dashboard over HTTPS (docs/security.md)."),
        no_restart: bool = typer.Option(False, "--no-restart", help="Leave a member that exits "
                                        "down (default: report it and restart it after a "
                                        "backoff; a crash-looping one is given up on).")) -> None:
@@ -123,7 +127,7 @@ def up(coordinators: int = typer.Option(1, "--coordinators", "-n", min=1, max=16
 
     raise typer.Exit(run_foreground(coordinators=coordinators, store=store, data_dir=data_dir,
                                     flower=flower, zones=zones, port=port, output=output, tls=tls,
-                                    auth=auth, restart=not no_restart))
+                                    auth=auth, restart=not no_restart, secure=secure))
 
 
 @app.command("demo")

@@ -91,7 +91,8 @@ def _run(etcd: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
         # and QUIRE_ETCD_URL; TLS files as discovered for a local cluster too.
         try:
             client = await asyncio.wait_for(
-                connect(url, probe=ETCD_PROBE, tls=EtcdTLS.from_env(effective_env())),
+                connect(url, probe=ETCD_PROBE, tls=EtcdTLS.from_env(effective_env()),
+                        root=_root(None)),
                 ETCD_PROBE + 1.0)
         except asyncio.TimeoutError:
             raise ServiceUnreachable("etcd", url, f"no answer within {ETCD_PROBE + 1.0:g}s",

@@ -21,8 +21,11 @@ def celery_client(redis_url: str) -> Celery:
     the demo, the coordinator) must not import it, and by-name sends keep them
     honest about that boundary.
     """
+    from protocol.redis_security import celery_redis_conf
+
     app = Celery("quire-client", broker=redis_url, backend=redis_url, set_as_current=False)
     app.conf.update(
+        **celery_redis_conf(redis_url),
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],

@@ -44,9 +44,17 @@ class EtcdService(Service):
         listen_host: str = "127.0.0.1",
         initial_cluster: str | None = None,
         cluster_token: str | None = None,
+        tls: Any = None,
+        probe_cert: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        self.tls = tls
+        """(ca, cert, key) files (tools.tls_certs.LocalCA): serve TLS on client and peer
+        URLs and demand client certificates (`--client-cert-auth`), whose CN is the etcd
+        user once auth is enabled (tools/secure_cluster.py)."""
+        self.probe_cert = probe_cert
+        """The (ca, cert, key) the readiness probe presents (a user allowed /health)."""
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.data_dir = self.workdir / "data"
@@ -61,8 +69,12 @@ class EtcdService(Service):
         return self.listen_host
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    @property
     def peer_url(self) -> str:
-        return f"http://{self.listen_host}:{self.peer_port}"
+        return f"{self.scheme}://{self.listen_host}:{self.peer_port}"
 
     @property
     def port(self) -> int:
@@ -70,7 +82,7 @@ class EtcdService(Service):
 
     @property
     def url(self) -> str:
-        return f"http://{self.listen_host}:{self.client_port}"
+        return f"{self.scheme}://{self.listen_host}:{self.client_port}"
 
     def describe(self) -> str:
         return self.url
@@ -94,6 +106,11 @@ class EtcdService(Service):
         ]  # fmt: skip
         if self.cluster_token:
             argv += ["--initial-cluster-token", self.cluster_token]
+        if self.tls is not None:
+            argv += ["--cert-file", self.tls.cert, "--key-file", self.tls.key,
+                     "--trusted-ca-file", self.tls.ca, "--client-cert-auth",
+                     "--peer-cert-file", self.tls.cert, "--peer-key-file", self.tls.key,
+                     "--peer-trusted-ca-file", self.tls.ca, "--peer-client-cert-auth"]
         return argv
 
     def build_env(self) -> dict[str, str]:
@@ -105,7 +122,13 @@ class EtcdService(Service):
         return env
 
     def probe(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as resp:
+        ctx = None
+        if self.tls is not None:
+            from protocol.tls import client_context
+
+            who = self.probe_cert or self.tls
+            ctx = client_context(who.ca, who.cert, who.key)
+        with urllib.request.urlopen(f"{self.url}/health", timeout=1.0, context=ctx) as resp:
             return json.loads(resp.read()).get("health") == "true"
 
     # -- synchronous keyspace helpers (grpc-gateway JSON API) ---------------

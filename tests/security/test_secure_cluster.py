@@ -1,0 +1,362 @@
+"""Every door of a real `quire up --secure` cluster: one row per door, each refused with a
+clear error and nothing changed, and the allowed paths of the cluster's own roles.
+
+One cluster for the module (conftest.py): two coordinators with mTLS and tokens, etcd
+over TLS with client certificates and RBAC, Redis with ACL users over TLS only, a worker
+that checks signed messages, beat, and the dashboard over HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import ssl
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from protocol.auth import Capability, Scope
+from protocol.credentials import load_keyring
+
+from .conftest import SecureCluster
+
+pytestmark = pytest.mark.timeout(600)
+
+KEPT, DOOMED, GONE = "sec/kept", "sec/doomed", "sec/gone"
+LINE = b"y" * 1500 + b"\n"
+
+
+def until(predicate, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)  # other processes' state: polled with a deadline
+
+
+def store_files(c: SecureCluster, journal: str) -> set[str]:
+    root = c.data / "fragments" / journal
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def persisted(c: SecureCluster, journal: str) -> bool:
+    out = c.cli("fragments", "list", "-j", journal, "-o", "json").stdout.splitlines()
+    return any(json.loads(ln)["persisted"] for ln in out)
+
+
+def refused_count(c: SecureCluster, task: str, reason: str) -> float:
+    pattern = (rf'quire_worker_refused_tasks_total\{{reason="{reason}",task="{re.escape(task)}"\}} '
+               r"([0-9.e+]+)")
+    m = re.search(pattern, c.worker_metrics())
+    return float(m.group(1)) if m else 0.0
+
+
+def keyring(c: SecureCluster):  # noqa: ANN201
+    ring = load_keyring(None, c.info["auth"]["keys_file"])
+    assert ring is not None
+    return ring
+
+
+# -- the allowed paths ------------------------------------------------------------------------
+
+def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path: Path) -> None:
+    c = secure_cluster
+    for name in (KEPT, DOOMED, GONE):
+        spec = tmp_path / f"{name.replace('/', '-')}.yaml"
+        spec.write_text(f"name: {name}\nreplication: 2\nfragment:\n  length: 1KiB\n"
+                        f"  refresh_interval: 1s\n  stores: [{c.info['store']}]\n")
+        res = c.cli("journals", "apply", "-f", str(spec))
+        assert res.returncode == 0, res.stderr
+    for name in (KEPT, DOOMED, GONE):
+        until(lambda n=name: c.cli("append", "-j", n, stdin=LINE).returncode == 0, 60,
+              f"{name} to accept appends")
+        assert c.cli("append", "-j", name, stdin=LINE).returncode == 0  # rolls the first
+    for name in (KEPT, DOOMED, GONE):  # the worker fetched over mTLS and wrote the store
+        until(lambda n=name: persisted(c, n), 90, f"{name} to be persisted")
+    # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs.
+    until(lambda: re.search(r'quire_worker_tasks_total\{outcome="success",'
+                            r'task="workers.pulse.pulse_journal"\} [1-9]', c.worker_metrics()),
+          60, "a pulse task to succeed")
+    assert c.cli("read", "-j", KEPT, "--end-offset", str(len(LINE))).stdout == LINE
+    assert c.cli("journals", "delete", DOOMED).returncode == 0  # no --purge: objects stay
+    assert store_files(c, DOOMED)
+
+
+# -- etcd ---------------------------------------------------------------------------------
+
+SHARD = "id: sec-shard\nsources: [sec/kept]\nrecovery_log_prefix: sec/recovery\n"
+
+
+def _shard_apply(c: SecureCluster, tmp_path: Path, **env: str) -> "subprocess.CompletedProcess":  # noqa: F821
+    spec = tmp_path / "shard.yaml"
+    spec.write_text(SHARD)
+    return c.cli("shards", "apply", "-f", str(spec), env={**c.env, **env})
+
+
+def _no_shard(c: SecureCluster) -> bool:
+    listed = c.cli("shards", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    return b"sec-shard" not in listed.stdout
+
+
+def test_etcd_without_a_client_certificate(secure_cluster: SecureCluster, tmp_path: Path) -> None:
+    res = _shard_apply(secure_cluster, tmp_path, QUIRE_ETCD_CERT="", QUIRE_ETCD_KEY="")
+    err = res.stderr.decode()
+    assert res.returncode in (5, 6), err  # refused (5) or, through the CLI's probe, unreachable (6)
+    assert "etcd" in err and "client certificate" in err, err
+    assert _no_shard(secure_cluster)
+
+
+def test_etcd_user_whose_role_lacks_the_prefix(secure_cluster: SecureCluster, tmp_path: Path) -> None:
+    from tools.secure_cluster import etcdctl
+    from tools.tls_certs import LocalCA, issue_cert
+
+    c = secure_cluster
+    tls = c.info["tls"]
+    ca = LocalCA(tls["QUIRE_TLS_CA"], tls["QUIRE_TLS_CERT"], tls["QUIRE_TLS_KEY"])
+    root = LocalCA(ca.ca, str(c.data / "tls" / "etcd-root.pem"), str(c.data / "tls" / "etcd-root-key.pem"))
+    url = c.info["secure"]["QUIRE_ETCD_URL"]
+    for step in (("role", "add", "outsider"),
+                 ("role", "grant-permission", "outsider", "readwrite", "/other/", "--prefix=true"),
+                 ("user", "add", "outsider", "--no-password"),
+                 ("user", "grant-role", "outsider", "outsider")):
+        res = etcdctl(url, root, *step)
+        assert res.returncode == 0 or "already exists" in res.stderr, res.stderr
+    outsider = issue_cert(ca, "etcd-outsider", "outsider")
+    res = _shard_apply(c, tmp_path, QUIRE_ETCD_CERT=outsider.cert, QUIRE_ETCD_KEY=outsider.key)
+    err = res.stderr.decode()
+    assert res.returncode in (5, 6), err
+    assert "etcd" in err and "permission denied" in err and "role" in err, err
+    assert _no_shard(c)
+
+
+def test_etcd_over_plain_http(secure_cluster: SecureCluster, tmp_path: Path) -> None:
+    c = secure_cluster
+    url = c.info["secure"]["QUIRE_ETCD_URL"].replace("https://", "http://")
+    res = _shard_apply(c, tmp_path, QUIRE_ETCD_URL=url)
+    err = res.stderr.decode()
+    assert res.returncode in (5, 6), err
+    assert "etcd" in err and "TLS" in err, err
+    assert _no_shard(c)
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+def _redis_port(c: SecureCluster) -> int:
+    return int(c.ports["redis"])
+
+
+def _queue_len(c: SecureCluster, queue: str) -> int:
+    return int(redis.Redis.from_url(c.info["secure"]["QUIRE_REDIS_URL"]).llen(queue))
+
+
+def test_redis_without_a_password(secure_cluster: SecureCluster) -> None:
+    from protocol.redis_security import describe_redis_error
+
+    c = secure_cluster
+    before = _queue_len(c, "prune")
+    url = f"rediss://127.0.0.1:{_redis_port(c)}/0?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}"
+    with pytest.raises(redis.exceptions.AuthenticationError) as exc:
+        redis.Redis.from_url(url, socket_timeout=5).lpush("prune", b"forged")
+    assert "authentication required" in describe_redis_error(exc.value, url)
+    assert _queue_len(c, "prune") == before
+
+
+def test_redis_with_the_workers_user_over_plain_tcp(secure_cluster: SecureCluster) -> None:
+    c = secure_cluster
+    before = _queue_len(c, "prune")
+    password = (c.data / "secure" / "redis-worker.password").read_text().strip()
+    url = f"redis://quire-worker:{password}@127.0.0.1:{_redis_port(c)}/0"
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5).lpush("prune", b"x")
+    assert _queue_len(c, "prune") == before
+
+
+def test_coordinators_redis_user_cannot_enqueue_deletions(secure_cluster: SecureCluster) -> None:
+    c = secure_cluster
+    password = (c.data / "secure" / "redis-coordinator.password").read_text().strip()
+    url = (f"rediss://quire-coordinator:{password}@127.0.0.1:{_redis_port(c)}/0"
+           f"?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis.from_url(url, socket_timeout=5).lpush("prune", b"forged")
+
+
+# -- Celery messages ----------------------------------------------------------------------
+
+def _raw_message(task: str, args: list, kwargs: dict, queue: str, headers: dict | None = None) -> bytes:
+    """A Celery protocol-2 message made by hand: what anyone with Redis access can push."""
+    tid = str(uuid.uuid4())
+    body = base64.b64encode(json.dumps([args, kwargs, {"callbacks": None, "errbacks": None,
+                                                       "chain": None, "chord": None}]).encode())
+    return json.dumps({
+        "body": body.decode(), "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": {"lang": "py", "task": task, "id": tid, "root_id": tid, "parent_id": None,
+                    "group": None, "retries": 0, "eta": None, "expires": None, "timelimit": [None, None],
+                    "argsrepr": repr(args), "kwargsrepr": repr(kwargs), "origin": "forger",
+                    "ignore_result": False, **(headers or {})},
+        "properties": {"correlation_id": tid, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+                       "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},
+    }).encode()
+
+
+def _push_as_worker(c: SecureCluster, queue: str, message: bytes) -> None:
+    password = (c.data / "secure" / "redis-worker.password").read_text().strip()
+    url = (f"rediss://quire-worker:{password}@127.0.0.1:{_redis_port(c)}/0"
+           f"?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}")
+    redis.Redis.from_url(url).lpush(queue, message)
+
+
+def test_unsigned_purge_pushed_into_redis(secure_cluster: SecureCluster) -> None:
+    c = secure_cluster
+    files = store_files(c, DOOMED)
+    assert files
+    task = "workers.prune.purge_journal"
+    before = refused_count(c, task, "unsigned")
+    _push_as_worker(c, "prune", _raw_message(task, [DOOMED, [c.info["store"]]], {}, "prune"))
+    until(lambda: refused_count(c, task, "unsigned") == before + 1, 60, "the refusal counted")
+    log = (c.data / "logs" / "worker" / "worker.log").read_text()
+    assert "task refused" in log and "is not signed" in log
+    time.sleep(3)  # had it run, the purge would have been done in well under this
+    assert store_files(c, DOOMED) == files
+
+
+def test_signed_purge_without_an_apply_token(secure_cluster: SecureCluster) -> None:
+    from protocol.task_signing import sign
+
+    c = secure_cluster
+    files = store_files(c, DOOMED)
+    task = "workers.prune.purge_journal"
+    ring = keyring(c)
+    before = refused_count(c, task, "no_apply_token")
+    args = [DOOMED, [c.info["store"]]]
+    # Signed, but a token without APPLY (and then none): both refused before deleting.
+    read_only = ring.mint(Capability.READ, Scope.of([DOOMED]), 60, "intruder")
+    for kwargs in ({"capability": read_only}, {}):
+        msg = json.loads(_raw_message(task, args, kwargs, "prune"))
+        tid = msg["headers"]["id"]
+        msg["headers"]["quire_sig"] = sign(ring.task_keys(), task, tid, args, kwargs)
+        _push_as_worker(c, "prune", json.dumps(msg).encode())
+    until(lambda: refused_count(c, task, "no_apply_token") == before + 2, 60, "both refusals counted")
+    assert store_files(c, DOOMED) == files
+    # A forged signature is refused as such.
+    msg = json.loads(_raw_message(task, args, {}, "prune"))
+    msg["headers"]["quire_sig"] = "0" * 64
+    bad = refused_count(c, task, "bad_signature")
+    _push_as_worker(c, "prune", json.dumps(msg).encode())
+    until(lambda: refused_count(c, task, "bad_signature") == bad + 1, 60, "the bad signature counted")
+    assert store_files(c, DOOMED) == files
+
+
+def test_operator_purge_is_signed_and_runs(secure_cluster: SecureCluster) -> None:
+    c = secure_cluster
+    assert store_files(c, GONE)
+    res = c.cli("journals", "delete", GONE, "--purge", "--grace", "0")
+    assert res.returncode == 0, res.stderr
+    until(lambda: not store_files(c, GONE), 60, "the operator's purge to remove the objects")
+    assert store_files(c, DOOMED)  # and nothing else
+
+
+# -- coordinators: a replicate stream cut at its token's expiry ----------------------------
+
+def test_replicate_stream_cut_when_its_token_expires(secure_cluster: SecureCluster) -> None:
+    from bench.common import hello
+    from protocol import (Fragment, ListBrokersRequest, ListBrokersResponse, ListRequest,
+                          ListResponse, ReplicateProposal)
+    from protocol.errors import ProtocolError
+    from protocol.tls import client_context
+
+    c = secure_cluster
+    tls = c.info["tls"]
+    ctx = client_context(tls["QUIRE_TLS_CA"], tls["QUIRE_TLS_CERT"], tls["QUIRE_TLS_KEY"])
+    ring = keyring(c)
+    admin = c.info["auth"]["token"]
+    before = c.cli("read", "-j", KEPT).stdout
+
+    async def run() -> float:
+        s = await hello(c.info["broker"].split(",")[0], ssl=ctx, token=admin)
+        await s.send(ListRequest())
+        listing, _ = await s.read_message(ListResponse)
+        await s.send(ListBrokersRequest())
+        brokers, _ = await s.read_message(ListBrokersResponse)
+        await s.close()
+        entry = next(e for e in listing.journals if e.spec.name == KEPT)
+        replica = next(m for i, m in enumerate(entry.route.members) if i != entry.route.primary)
+        endpoint = next(b.endpoint for b in brokers.brokers if b.id == replica)
+        token = ring.mint(Capability.REPLICATE, Scope.of([KEPT]), 2, "short-lived-peer")
+        stream = await hello(endpoint, ssl=ctx, token=token)
+        started = time.monotonic()
+        await stream.send(ReplicateProposal(proposal=Fragment(journal=KEPT), header=listing.header.__class__(
+            route=entry.route, etcd=listing.header.etcd)))
+        with pytest.raises(ProtocolError):  # closed with no answer: cut, not refused
+            async with asyncio.timeout(25):
+                frame = await stream.read()
+                raise AssertionError(f"answered {frame.message!r} instead of being cut")
+        await stream.close()
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(run())
+    assert 1.0 <= elapsed < 25, elapsed
+    replica_log = "".join(p.read_text() for p in (c.data / "logs").glob("coordinator-*/*.log"))
+    assert "replicate stream cut at token expiry" in replica_log
+    assert c.cli("read", "-j", KEPT).stdout == before
+    assert c.cli("append", "-j", KEPT, stdin=LINE).returncode == 0  # the real pipeline is fine
+
+
+# -- the dashboard ------------------------------------------------------------------------
+
+def test_dashboard_over_plain_http(secure_cluster: SecureCluster) -> None:
+    c = secure_cluster
+    url = c.info["dashboard"]
+    assert url.startswith("https://")
+    with pytest.raises((OSError, urllib.error.URLError)):  # type: ignore[attr-defined]
+        urllib.request.urlopen(url.replace("https://", "http://") + "healthz", timeout=10).read()
+    ctx = ssl.create_default_context(cafile=c.info["tls"]["QUIRE_TLS_CA"])
+    with urllib.request.urlopen(url + "healthz", timeout=10, context=ctx) as resp:
+        assert resp.read() == b"ok\n"
+    # /api/state wants a LIST token from each viewer.
+    with pytest.raises(urllib.error.HTTPError) as exc:  # type: ignore[attr-defined]
+        urllib.request.urlopen(url + "api/state", timeout=10, context=ctx)
+    assert exc.value.code == 401
+
+
+def test_metrics_stay_on_loopback(secure_cluster: SecureCluster) -> None:
+    import psutil
+
+    c = secure_cluster
+    port = int(c.ports["worker_metrics"])
+    bound = [conn.laddr for conn in psutil.net_connections("tcp")
+             if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port]
+    assert bound and all(a.ip == "127.0.0.1" for a in bound), bound
+
+
+# -- a consumer commits and Spark reads, through etcd's TLS and RBAC ------------------------
+
+@pytest.mark.spark
+def test_spark_reads_through_secure_etcd(secure_cluster: SecureCluster, spark, monkeypatch) -> None:  # noqa: ANN001
+    """The selector is resolved against the specs in etcd, over TLS as the `quire` user."""
+    from spark.datasource import register
+
+    c = secure_cluster
+    for k, v in c.info["secure"].items():
+        monkeypatch.setenv(k, v)
+    register(spark)
+    df = (spark.read.format("quire").option("store", c.info["store"])
+          .option("selector", f"name={KEPT}").option("etcd", c.info["secure"]["QUIRE_ETCD_URL"])
+          .option("etcdCa", c.info["secure"]["QUIRE_ETCD_CA"])
+          .option("etcdCert", c.info["secure"]["QUIRE_ETCD_CERT"])
+          .option("etcdKey", c.info["secure"]["QUIRE_ETCD_KEY"])
+          .option("framing", "raw").load())
+    values = df.select("value").toArrow().column("value").to_pylist()
+    assert sum(len(v) for v in values) >= 2 * len(LINE), values[:1]
