@@ -52,6 +52,7 @@ def quire_registry() -> dict[str, str]:
     import coordinator.metrics  # noqa: F401
     import consumers.metrics  # noqa: F401 - registers quire_shard_*
     import coordinator.persister  # noqa: F401 - registers quire_persist_lag_*, …
+    import workers.jobs_metrics  # noqa: F401 - registers quire_job_*, the watermark gauge
     import workers.metrics  # noqa: F401
 
     return {m.name: m.type for m in REGISTRY.collect() if m.name.startswith("quire_")}
