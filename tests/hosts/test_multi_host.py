@@ -271,7 +271,10 @@ async def _etcd_member_loss(cluster: Cluster, client: Client, appender: Appender
     host = cluster.host_at(primary)
     # The member the primary's coordinator holds a connection to (its client port).
     peers = set(host.run(["ss", "-Htn", "state", "established"]).stdout.split())
-    victim = next((m for m in cluster.etcd.members if f"{m.host}:{m.client_port}" in peers), None)
+    # (an IPv4 peer of a dual-stack socket shows as [::ffff:a.b.c.d]:port)
+    victim = next((m for m in cluster.etcd.members
+                   if {f"{m.host}:{m.client_port}", f"[::ffff:{m.host}]:{m.client_port}"} & peers),
+                  None)
     assert victim is not None, f"no etcd connection from {host.name}: {sorted(peers)}"
     killed_at = time.monotonic()
     victim.kill()
