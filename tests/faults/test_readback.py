@@ -106,6 +106,8 @@ async def test_a_fragment_that_cannot_be_read_back_is_never_uploaded(
                     check(model, await read_ids(c, via=n.suffix))
                 alive(c)
                 assert worker.running, worker.returncode
-                for n in c.nodes:  # checked: no graceful drain needed (it waits on persistence)
+                # Checked; now stopped hard: the worker would stop first, and a graceful
+                # drain would wait (15 s) for the persistence of its exit roll.
+                for n in c.nodes:
                     c.kill(n)
                 worker.stop(timeout=5.0)
