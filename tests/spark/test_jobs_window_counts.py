@@ -2,7 +2,7 @@
 session's Spark (local mode) and stream cluster counts one window of one journal, read
 from the store, and writes its counts through the quire sink under the run's
 `idempotency_key`; run again with the same context (a retried attempt) it lands nothing
-new. Two Spark jobs on the session's JVM: about a minute on a quiet machine.
+new. Two small Spark jobs on the session's JVM (no JVM of its own).
 
 The long form — the scheduler starting the target as its own Spark application, a JVM
 per attempt — is tests/jobs/test_jobs_spark.py (QUIRE_TEST_LONG=1)."""
