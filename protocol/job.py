@@ -9,7 +9,7 @@ aligned time window when every one of those journals is persisted past the windo
     window: 10s                 # 10s, 15m, 1h, 1d ... aligned to the Unix epoch
     target:
       kind: celery              # celery: any task by name | spark: spark/jobs/<name>
-      name: workers.jobs_targets.window_counts
+      name: workers.jobs_targets.window_counts  # | dask: package.module:function
     args: {field: key}
     output: demo/job-counts     # the output journal
     retries: 3
@@ -48,6 +48,7 @@ __all__ = [
     "parse_time",
     "parse_window",
     "run_identity",
+    "validate_function_name",
     "validate_job_name",
     "window_of",
 ]
@@ -56,8 +57,9 @@ JOB_NAME_MIN, JOB_NAME_MAX = 1, 200
 MIN_WINDOW, MAX_WINDOW = 1.0, 31 * 86400.0
 MAX_RETRIES = 100
 MAX_CONCURRENT = 64
-TARGET_KINDS = ("celery", "spark")
-"""`celery`: a Celery task by name; `spark`: a module of spark/jobs/ run as a process."""
+TARGET_KINDS = ("celery", "spark", "dask")
+"""`celery`: a Celery task by name; `spark`: a module of spark/jobs/ run as a process;
+`dask`: a Python function `package.module:function` run as a process (Dask inside)."""
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
@@ -66,6 +68,19 @@ def validate_job_name(name: str, path: str = "name") -> None:
     validate_path(name, path, JOB_NAME_MIN, JOB_NAME_MAX)
     if any(part.startswith(".") for part in name.split("/")):
         raise ValidationError(path, f"{name!r}: a path segment may not begin with '.'")
+
+
+def validate_function_name(name: str, path: str = "target.name") -> None:
+    """`package.module:function` (a dotted module, a colon, a function of it)."""
+    module, colon, function = name.partition(":")
+    if not colon or not module or not function:
+        raise ValidationError(path, f"{name!r}: a dask target names a function as "
+                                    "package.module:function (e.g. "
+                                    "spark.jobs.dask_targets:window_counts)")
+    if not all(p.isidentifier() for p in module.split(".")):
+        raise ValidationError(path, f"{name!r}: {module!r} is not a dotted module name")
+    if not function.isidentifier():
+        raise ValidationError(path, f"{name!r}: {function!r} is not a function name")
 
 
 def parse_window(value: str | int | float, path: str = "window") -> int:
@@ -120,7 +135,9 @@ def iso(t: float) -> str:
 class JobTarget(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = "celery"
     """`celery`: any Celery task by name; `spark`: a module of spark/jobs/ started as a
-    process (`python -m spark.jobs.<name> --run '<run context JSON>'`)."""
+    process (`python -m spark.jobs.<name> --run '<run context JSON>'`); `dask`: a function
+    named `package.module:function`, called with the run context by the Dask runner
+    process (`python -m spark.jobs.dask_run --target <name> --run '<JSON>'`)."""
     name: str = ""
 
     def validate(self, path: str = "target") -> None:
@@ -128,6 +145,9 @@ class JobTarget(msgspec.Struct, frozen=True, kw_only=True):
             raise ValidationError(f"{path}.kind", f"{self.kind!r}; expected one of {TARGET_KINDS}")
         if not self.name:
             raise ValidationError(f"{path}.name", "a target needs a name")
+        if self.kind == "dask":
+            validate_function_name(self.name, f"{path}.name")
+            return
         parts = self.name.split(".")
         if not all(p.isidentifier() for p in parts):
             raise ValidationError(f"{path}.name", f"{self.name!r} is not a dotted Python name")

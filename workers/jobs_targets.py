@@ -7,6 +7,12 @@ A target runs by name, so no role imports another (DESIGN §2):
 * `kind: spark` — `python -m spark.jobs.<name> --run '<run context JSON>'`, a process in
   the worker's process group (killed past the job's timeout); a non-zero exit fails the
   attempt, and the last line it prints (JSON) is the run's result.
+* `kind: dask` — a Python function named `package.module:function`, run the same way by
+  the Dask runner, `python -m spark.jobs.dask_run --target <name> --run '<JSON>'`, which
+  imports it, calls it with the run context and prints what it returns. The function
+  reads the window through the Dask reader and writes through the Dask writer
+  (spark/jobs/dask_targets.py: `window_counts`). The worker names both by string only:
+  it imports neither spark nor dask.
 
 Every target gets the same keyword arguments (the *run context*): `job`, `window_start`,
 `window_end`, `ranges` ({journal: [begin, end)}), `output`, `args`, `rerun`, `attempt`,
@@ -67,7 +73,9 @@ def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
 def run_target(spec: JobSpec, run: JobRun) -> Any:
     ctx = run_context(spec, run)
     if spec.target.kind == "spark":
-        return _run_process(spec, ctx)
+        return _run_process(spec, ctx, f"spark.jobs.{spec.target.name}")
+    if spec.target.kind == "dask":
+        return _run_process(spec, ctx, "spark.jobs.dask_run", "--target", spec.target.name)
     task = app.tasks.get(spec.target.name)
     if task is not None:
         return task(**ctx)
@@ -75,27 +83,27 @@ def run_target(spec: JobSpec, run: JobRun) -> Any:
     return result.get(timeout=spec.timeout, disable_sync_subtasks=False)
 
 
-def _run_process(spec: JobSpec, ctx: dict[str, Any]) -> Any:
+def _run_process(spec: JobSpec, ctx: dict[str, Any], module: str, *extra: str) -> Any:
     # In the worker's process group (not a session of its own): whatever stops the worker's
     # group stops the target too. Past the timeout the driver is killed; its JVM (PySpark's
     # gateway) exits when the driver's pipe closes.
-    module = f"spark.jobs.{spec.target.name}"
-    proc = subprocess.Popen([sys.executable, "-m", module, "--run", json.dumps(ctx)],
+    proc = subprocess.Popen([sys.executable, "-m", module, *extra, "--run", json.dumps(ctx)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    what = spec.target.name if spec.target.kind == "dask" else module
     try:
         out, err = proc.communicate(timeout=spec.timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise RuntimeError(f"{module} ran past the job's timeout ({spec.timeout:g}s)") from None
+        raise RuntimeError(f"{what} ran past the job's timeout ({spec.timeout:g}s)") from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     if proc.returncode != 0:
         tail = (err or out).strip().splitlines()[-5:]
-        raise RuntimeError(f"{module} exited {proc.returncode}: " + " | ".join(tail))
+        raise RuntimeError(f"{what} exited {proc.returncode}: " + " | ".join(tail))
     last = (out.strip().splitlines() or ["{}"])[-1]
     try:
         return json.loads(last)

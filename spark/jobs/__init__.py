@@ -7,6 +7,8 @@ its output and returns what it wrote) and `main(argv)` for spark-submit.
 `python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS.
 `window_counts` is a target of quire's own job scheduler (docs/jobs.md), run by the
 workers as `python -m spark.jobs.window_counts --run JSON`; it is not in JOBS either.
+`dask_targets` holds Dask functions that are `kind: dask` job targets (`window_counts`),
+run by the workers through `python -m spark.jobs.dask_run --target NAME --run JSON`.
 """
 
 from __future__ import annotations

@@ -55,6 +55,19 @@ def counts(spark: Any, ctx: dict[str, Any]) -> Any:
             .orderBy(*keys).coalesce(1))
 
 
+def run(spark: Any, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Count the window on `spark` and write the counts to `output` under the run's
+    `idempotency_key`; the run's result (tests call this on their session's Spark)."""
+    df = counts(spark, ctx)
+    rows = df.collect() if df is not None else []
+    if rows and ctx.get("output"):
+        (df.write.format("quire").option("brokers", ",".join(ctx["brokers"]))
+         .option("journal", ctx["output"]).option("framing", "jsonl")
+         .option("idempotency_key", ctx["idempotency_key"]).mode("append").save())
+    return {"rows": len(rows), "messages": sum(int(r["messages"]) for r in rows),
+            "idempotency_key": ctx["idempotency_key"]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from spark.jobs.common import session
 
@@ -70,16 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "spark.driver.host": "127.0.0.1"})
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        df = counts(spark, ctx)
-        rows = df.collect() if df is not None else []
-        if rows and ctx.get("output"):
-            (df.write.format("quire").option("brokers", ",".join(ctx["brokers"]))
-             .option("journal", ctx["output"]).option("framing", "jsonl")
-             .option("idempotency_key", ctx["idempotency_key"]).mode("append").save())
+        result = run(spark, ctx)
     finally:
         spark.stop()
-    print(json.dumps({"rows": len(rows), "messages": sum(int(r["messages"]) for r in rows),
-                      "idempotency_key": ctx["idempotency_key"]}))
+    print(json.dumps(result))
     return 0
 
 

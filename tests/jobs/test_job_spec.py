@@ -34,6 +34,12 @@ def test_windows_parse_aligned(text: object, seconds: int) -> None:
     ({"target": {"kind": "celery", "name": "not a name"}}, "target.name", "dotted"),
     ({"target": {"kind": "spark", "name": "spark.jobs.window_counts"}}, "target.name",
      "module of spark/jobs/"),
+    ({"target": {"kind": "dask", "name": "spark.jobs.dask_targets"}}, "target.name",
+     "package.module:function"),
+    ({"target": {"kind": "dask", "name": "spark..jobs:f"}}, "target.name", "dotted module"),
+    ({"target": {"kind": "dask", "name": "spark.jobs.dask_targets:window-counts"}},
+     "target.name", "not a function name"),
+    ({"target": {"kind": "dask", "name": ":f"}}, "target.name", "package.module:function"),
     ({"retries": -1}, "retries", "out of range"),
     ({"backoff": "soon"}, "backoff", "not a duration"),
     ({"start": "yesterday"}, "start", "not a time"),
@@ -52,6 +58,22 @@ def test_spec_round_trips_through_its_human_form() -> None:
     s = spec(start="2026-11-26T14:00:00Z", backoff="2s", args={"field": "key"})
     assert JobSpec.from_obj(s.to_obj()) == s
     assert s.to_obj()["window"] == "10s" and s.to_obj()["start"] == "2026-11-26T14:00:00Z"
+
+
+def test_a_dask_target_names_a_function_the_runner_loads() -> None:
+    from spark.jobs import dask_targets
+    from spark.jobs.dask_run import TargetError, load
+
+    s = spec(target={"kind": "dask", "name": "spark.jobs.dask_targets:window_counts"})
+    assert (s.target.kind, s.target.name) == ("dask", "spark.jobs.dask_targets:window_counts")
+    assert JobSpec.from_obj(s.to_obj()) == s
+    assert load(s.target.name) is dask_targets.window_counts
+    for name, words in (("spark.jobs.no_such_module:f", "cannot import 'spark.jobs.no_such"),
+                        ("spark.jobs.dask_targets:nothing", "has no 'nothing'"),
+                        ("spark.jobs.dask_targets:__all__", "not a function"),
+                        ("spark.jobs.dask_targets", "package.module:function")):
+        with pytest.raises(TargetError, match=words):
+            load(name)
 
 
 def test_cli_file_errors_carry_the_document_path() -> None:

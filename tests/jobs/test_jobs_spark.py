@@ -3,9 +3,11 @@ window's offset ranges from the store and writes its counts through the quire si
 the run's `idempotency_key`; run again under the same key (a retried attempt), it lands
 nothing new.
 
-A Spark session takes minutes to start on the shared, loaded 2-core machine, so this runs
-when QUIRE_TEST_LONG=1 (the target's wiring — kind, module name — is checked in
-test_job_spec.py)."""
+Each attempt is a Spark application of its own (a JVM start: minutes on the shared,
+loaded 2-core machine), so this runs when QUIRE_TEST_LONG=1. `make test` runs the short
+form, tests/spark/test_jobs_window_counts.py: the same target on the test session's Spark,
+one window of one journal, retried under its key (the wiring — kind, module name — is
+checked in test_job_spec.py)."""
 
 from __future__ import annotations
 
