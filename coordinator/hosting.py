@@ -313,6 +313,14 @@ class Hosting:
                 if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
                     self._pulsed[journal] = route
                     return
+                if fsm.status == Status.INDEX_HAS_GREATER_OFFSET:
+                    # Synchronized, and refusing appends until an operator's reset-head
+                    # (fail-to-safety): pulsing again changes nothing. Said once per
+                    # route (and at each periodic pulse), with the runbook's words.
+                    log.warning("journal refuses appends until reset-head", journal=journal,
+                                message=fsm.message)
+                    self._pulsed[journal] = route
+                    return
                 now = self.resolver.resolve_now(journal)
                 if not now.is_primary or now.route != route:
                     return  # the next reconcile pulses the new route
