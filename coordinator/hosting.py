@@ -242,7 +242,7 @@ class Hosting:
         assert ks is not None and self.resolver is not None and self._tg is not None
         mine = {a.journal for a in ks.assignments_of(me)}
         for journal in mine:
-            server.replica(journal)
+            server.replica(journal).retired = False
         abort_superseded(server.replicas, self.resolver)
         for journal, replica in list(server.replicas.items()):
             if journal in mine:
@@ -277,6 +277,37 @@ class Hosting:
                     and journal not in self._pulsing:
                 self._pulsing.add(journal)
                 self._spawn(self._pulse_until_synced(journal, res.route))
+
+    def check_retired(self, replica, fragment, path: str | None) -> None:  # noqa: ANN001
+        """A fragment a retired replica closed: persisted once the route's members are
+        found to hold no other bytes at its offsets (retired_check.py)."""
+        if self._tg is None:  # not following the keyspace (yet): no route to ask
+            self.server.persist(fragment, path, True)
+            return
+        self._spawn(self._check_then_persist(replica, fragment, path),
+                    name=f"retired-check:{fragment.journal}")
+
+    async def _check_then_persist(self, replica, fragment, path: str | None) -> None:  # noqa: ANN001
+        from . import metrics
+        from .retired_check import stale_from
+
+        try:
+            stale = await stale_from(self.server, replica, fragment)
+        except Exception:  # noqa: BLE001 - a failed check must not lose the fragment
+            log.exception("cannot check a retired fragment; persisting it",
+                          journal=fragment.journal)
+            stale = None
+        if stale is None:
+            self.server.persist(fragment, path, True)
+            return
+        at, holder = stale
+        if replica.drop_stale(fragment, at):
+            metrics.STALE_FRAGMENTS.inc()
+            log.warning("a former member's fragment disagrees with the journal; dropped, "
+                        "never persisted", journal=fragment.journal, fragment_begin=fragment.begin,
+                        fragment_end=fragment.end, differs_from=at, route_member=holder,
+                        why="a later epoch cut this tail and wrote other bytes at its offsets")
+        self._changed.set()  # the replica may be forgotten now
 
     async def _retire(self, replica) -> None:  # noqa: ANN001
         """Tear down a pipeline of an old route once its in-flight appends finished."""

@@ -100,6 +100,10 @@ SPOOL_WRITE_ERRORS = Counter("quire_spool_write_errors_total",
                              "(spool_health.py).", ["reason"])
 SPOOL_HEALTH = Gauge("quire_spool_health", "The spool's health: 0 ok, 1 full (appends refused "
                      "until room returns), 2 failed (journals moved away).")
+STALE_FRAGMENTS = Counter("quire_stale_fragments_dropped_total",
+                          "Fragments a former member closed and dropped instead of persisting "
+                          "them: the journal's route holds other bytes at their offsets (a "
+                          "tail a later epoch replaced, retired_check.py).")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",
