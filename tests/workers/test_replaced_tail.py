@@ -13,8 +13,9 @@ advertises, Redis, a Celery worker, a file store), made deterministic:
 4. M is SIGCONTed: its lease is gone, it re-registers, and retires its replica of the
    journal, closing its spool — [0, a + |T|), holding T — for persistence.
 
-Before the fix M persisted that fragment at once: the store then held T at offsets the
-journal acknowledged NEW at (a fork; a reader of the store could get either). Now M
+Before the fix M sent that fragment for persistence at once; uploaded, the store held T
+at offsets the journal acknowledged NEW at (a fork; a reader of the store could get
+either). Now M
 compares it with what the route holds, finds the journal's bytes differ at a, and drops
 it: the store holds only fragments that agree with the journal, which reads back as
 acknowledged."""
@@ -22,6 +23,8 @@ acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import shutil
 import signal
@@ -76,6 +79,23 @@ async def held_at(endpoint: str, offset: int, end: int) -> bytes:
     return bytes(out)
 
 
+def queued(redis_db) -> list[tuple[int, int]]:  # noqa: ANN001
+    """Spans of the persist tasks waiting in Redis (kombu's JSON envelope)."""
+    out = []
+    for raw in redis_db.client.lrange("persist", 0, -1):
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        fragment = body[1]["fragment"]
+        if fragment["journal"] == J:
+            out.append((fragment["begin"], fragment["end"]))
+    return out
+
+
+def in_store(store, span: tuple[int, int]) -> bool:  # noqa: ANN001
+    """A span the worker persisted, or found covered by what the store holds."""
+    frags = list_fragments(store, J)
+    return any(f.begin <= span[0] and span[1] <= f.end for f in frags)
+
+
 def dropped(port: int) -> float | None:
     try:
         return scrape_metric(port, "quire_stale_fragments_dropped_total")
@@ -96,7 +116,6 @@ async def test_a_former_replica_never_persists_a_tail_a_later_epoch_replaced(
     metrics: dict[str, int] = {}
     conns: list[Conn] = []
     try:
-        worker.start()
         for i in range(5):
             node = c.add(f"zone-{i % 2}", f"node-{i}")
             proxies[node.suffix] = await FaultProxy(f"tail-{i}", node.endpoint).start()
@@ -152,12 +171,22 @@ async def test_a_former_replica_never_persists_a_tail_a_later_epoch_replaced(
 
         # M wakes, re-registers and retires its replica, closing [0, a + |T|): that
         # fragment is either dropped (counted) or, as before the fix, uploaded.
+        # The worker starts only once M decided, so the persist tasks run in the order
+        # they were sent: a new route rolling (and persisting) a fragment that covers
+        # M's span first would hide M's upload (the index would cover it).
         c.kill(nodes[m], signal.SIGCONT)
+        stale = (0, a + len(tail))
+        await until(lambda: dropped(metrics[m]) or stale in queued(redis_db), 90,
+                    "M's retired fragment to be dropped or sent for persistence")
+        sent = queued(redis_db)
+        # The persist path never gets the replaced tail (before the fix it did, at once;
+        # whether the worker then uploaded it raced with the allocator giving M the
+        # journal again, whose next sync cut the tail from M's disk).
+        assert stale not in sent, f"M sent its replaced tail {stale} for persistence"
+        worker.start()
         store = open_store(store_url)
-        stale_end = a + len(tail)
-        await until(lambda: dropped(metrics[m]) or any(
-            f.end == stale_end for f in list_fragments(store, J)), 90,
-            "M's retired fragment to be dropped or persisted")
+        await until(lambda: all(in_store(store, span) for span in sent), 90,
+                    f"the worker to persist {sent}")
         for f in list_fragments(store, J):
             data = decompress(f.codec, store.read_all(fragment_key(f)))
             assert data == journal[f.begin:f.end], (
