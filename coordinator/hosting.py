@@ -124,7 +124,7 @@ class Hosting:
             self._start_index_watch(tg)
 
     def _start_index_watch(self, tg: asyncio.TaskGroup) -> None:
-        from .index_watch import IndexWatch
+        from .index_watch import IndexWatch, list_store_index, listable
 
         server = self.server
 
@@ -139,8 +139,18 @@ class Hosting:
 
         def loaded(journal: str) -> None:
             replica = server.replicas.get(journal)
-            if replica is not None:
+            if replica is None or replica.index_ready:
+                return
+            entry = self.keyspace.journals.get(journal) if self.keyspace is not None else None
+            stores = entry.spec.fragment.stores if entry is not None else ()
+            if not stores or not listable(stores[0]):
                 replica.index_loaded()
+                return
+            # No index in Redis (a new journal — or Redis restarted without persistence
+            # and the workers have not listed the store again yet): the store itself says
+            # how far the journal was persisted (Gazette lists it), so fresh members can
+            # never acknowledge appends at offsets it already holds.
+            self._spawn(list_store_index(replica, stores[0]), name=f"index-list:{journal}")
 
         watch = IndexWatch(self.cfg.redis_url, apply=apply, loaded=loaded,
                            journals=lambda: [*server.replicas, *server.recovered.journals()])

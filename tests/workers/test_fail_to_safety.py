@@ -4,8 +4,8 @@ file store.
 
 The journal's content is persisted (closed fragments, uploaded by the worker, in the
 fragment index); then every member that held it is killed and loses its spool
-directory (closed fragments, retired heads, the producer log), and fresh members take
-the journal over. Their spools start at 0 while the store holds the journal up to N:
+directory (closed fragments, retired heads, the producer log), Redis loses the index
+(as after a restart without persistence), and fresh members take the journal over. Their spools start at 0 while the store holds the journal up to N:
 no append may be acknowledged below N (that would fork the journal), the client must
 not hang, and the refusal must say which journal, why and what to run. The operator's
 `quire journals reset-head` then lets appends continue at N, and the journal reads back
@@ -96,6 +96,10 @@ async def test_fresh_members_refuse_below_the_index_until_reset_head(
             c.kill(n, signal.SIGKILL)
             n.proc.wait(10)
             shutil.rmtree(n.spool_dir, ignore_errors=True)
+        # And Redis lost the index (restarted without persistence; the workers have not
+        # listed the store again yet): the fresh members must learn it from the store.
+        redis_db.client.delete("quire:index:" + J)
+        redis_db.client.hdel("quire:index-refreshed", J)
         fresh = [c.add(f"zone-{i}", f"fresh-{i}") for i in range(2)]
         for n in fresh:
             c.start(n)
