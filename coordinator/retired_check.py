@@ -23,7 +23,7 @@ only copy of acknowledged content and is persisted as before.
 Limit: the check is made once, when the fragment closes. A new route that writes at
 those offsets only after this member retired and persisted its tail meets the tail in
 the fragment index first (INDEX_HAS_GREATER_OFFSET, then reset-head) unless the index
-refresh lags behind its first append (docs/reliability.md, finding 9).
+refresh lags behind its first append (docs/reliability.md, finding 10).
 """
 
 from __future__ import annotations
