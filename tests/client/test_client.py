@@ -269,6 +269,10 @@ def test_sync_client_facade() -> None:
             assert [e.spec.name for e in client.list_journals()] == ["sync/journal"]
             with pytest.raises(errors.JournalNotFound):
                 client.append("sync/missing", b"x")
+            client.wait_writable(["sync/journal"], timeout=5)
+            assert client.read_all("sync/journal") == b"abc"  # the probe appends nothing
+            with pytest.raises(errors.JournalNotFound):
+                client.wait_writable(["sync/journal", "sync/missing"], timeout=0.5)
     finally:
         asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
