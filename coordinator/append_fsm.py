@@ -224,7 +224,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates, StreamStates, ExactlyOnceStat
         if self.req.producer and self._check_producer(replica):
             return True
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
-                                   replica.spool.end, replica.index_end)
+                                   replica.spool.end, replica.index_end,
+                                   getattr(self.res, "route", None))
         if d.suspend is not None:
             return False  # the spec must be written first (_on_validate_preconditions)
         if d.status == Status.REGISTER_MISMATCH:
@@ -267,7 +268,8 @@ class AppendFSM(SuspendStates, PipelineSyncStates, StreamStates, ExactlyOnceStat
         if self.req.producer and self._check_producer(replica):
             return
         d = validate_preconditions(self.req, self.res.spec, replica.spool.registers,
-                                   replica.spool.end, replica.index_end)
+                                   replica.spool.end, replica.index_end,
+                                   getattr(self.res, "route", None))
         self._suspend = d.suspend
         await self._update_suspend()  # then RESOLVE, at the revision of the write
 

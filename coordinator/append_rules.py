@@ -239,9 +239,28 @@ def decide_replicas(members: int, desired: int, is_primary: bool, has_primary: b
     return _PLAIN[S.VALIDATE_PRECONDITIONS]
 
 
+def index_ahead_message(journal: str, spool_end: int, index_end: int,
+                        route: Route | None = None) -> str:
+    """The words of INDEX_HAS_GREATER_OFFSET (Gazette's fail-to-safety): the route was
+    rebuilt from members that never held the journal (or lost their spools), so its
+    synchronized spool is behind what the store already holds. Appending there would
+    write offsets the store has a second time; only an operator knows the members that
+    held the rest are gone for good, and reset-head says so."""
+    who = ", ".join(str(m) for m in route.members) if route is not None and route.members else ""
+    members = f"its route ({who})" if who else "its route"
+    if spool_end == 0:
+        held = f"no member of {members} ever held it (their spools start at offset 0)"
+    else:
+        held = f"no member of {members} holds it past offset {spool_end}"
+    return (f"journal {journal}: {held}, while the fragment index has content up to offset "
+            f"{index_end}; appends are refused so that no offset below {index_end} is written "
+            f"twice. If the members that held it are gone for good, run "
+            f"`quire journals reset-head -j {journal}` to continue at offset {index_end}")
+
+
 def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: LabelSet,
-                           spool_end: int, index_end: int) -> Decision:
-    """Gazette's checks, in its order."""
+                           spool_end: int, index_end: int, route: Route | None = None) -> Decision:
+    """Gazette's checks, in its order. `route`: named in a refusal's words."""
     if spec.suspend.level != SuspendLevel.NONE and req.suspend == "no-resume":
         return Decision(S.ERROR, Status.SUSPENDED, f"journal is {spec.suspend.level.value}-suspended")
     if req.check_registers is not None and registers.labels \
@@ -253,7 +272,7 @@ def validate_preconditions(req: AppendRequest, spec: JournalSpec, registers: Lab
     head = max(spool_end, index_end)
     if spool_end != head and req.offset == 0 and spec.writable:
         return Decision(S.ERROR, Status.INDEX_HAS_GREATER_OFFSET,
-                        f"index ends at {index_end}, past the synchronized spool at {spool_end}")
+                        index_ahead_message(req.journal, spool_end, index_end, route))
     if req.offset != 0 and req.offset != head:
         return Decision(S.ERROR, Status.WRONG_APPEND_OFFSET,
                         f"requested offset {req.offset}, write head is {head}")

@@ -151,9 +151,10 @@ class Host:
         resume where they were (the largest offset still wins the sync)."""
         replica = self.replicas.pop(journal)
         spool = replica.spool
-        if spool.end > 0:
+        end = spool.end if replica.stale_from is None else min(spool.end, replica.stale_from)
+        if end > 0:
             self.retired_heads.pop(journal, None)  # re-inserted last: the newest stays
-            self.retired_heads[journal] = Head(end=spool.end, registers=spool.registers,
+            self.retired_heads[journal] = Head(end=end, registers=spool.registers,
                                                codec=spool.fragment.codec,
                                                producers=spool.producers.snapshot())
             while len(self.retired_heads) > RETIRED_HEADS_MAX:
@@ -220,6 +221,14 @@ class Host:
         r = self.replicas.get(fragment.journal)
         if r is not None and isinstance(r.spool.producers, LoggedProducerTable):
             r.spool.producers.sealed(fragment.end)  # after the file's seal (producer_log.py)
+        check = getattr(self.topology, "check_retired", None)
+        if r is not None and r.retired and check is not None:
+            check(r, fragment, path)  # a former member's: compared with the route first
+            return
+        self.persist(fragment, path, primary)
+
+    def persist(self, fragment: Fragment, path: str | None, primary: bool) -> None:
+        """Hand a closed fragment to the persister."""
         closed = getattr(self.persister, "closed", None)
         if closed is not None:
             closed(fragment, path, primary)  # the Celery persister's non-blocking form

@@ -124,7 +124,7 @@ class Hosting:
             self._start_index_watch(tg)
 
     def _start_index_watch(self, tg: asyncio.TaskGroup) -> None:
-        from .index_watch import IndexWatch
+        from .index_watch import IndexWatch, list_store_index, listable
 
         server = self.server
 
@@ -139,8 +139,18 @@ class Hosting:
 
         def loaded(journal: str) -> None:
             replica = server.replicas.get(journal)
-            if replica is not None:
+            if replica is None or replica.index_ready:
+                return
+            entry = self.keyspace.journals.get(journal) if self.keyspace is not None else None
+            stores = entry.spec.fragment.stores if entry is not None else ()
+            if not stores or not listable(stores[0]):
                 replica.index_loaded()
+                return
+            # No index in Redis (a new journal — or Redis restarted without persistence
+            # and the workers have not listed the store again yet): the store itself says
+            # how far the journal was persisted (Gazette lists it), so fresh members can
+            # never acknowledge appends at offsets it already holds.
+            self._spawn(list_store_index(replica, stores[0]), name=f"index-list:{journal}")
 
         watch = IndexWatch(self.cfg.redis_url, apply=apply, loaded=loaded,
                            journals=lambda: [*server.replicas, *server.recovered.journals()])
@@ -242,7 +252,7 @@ class Hosting:
         assert ks is not None and self.resolver is not None and self._tg is not None
         mine = {a.journal for a in ks.assignments_of(me)}
         for journal in mine:
-            server.replica(journal)
+            server.replica(journal).retired = False
         abort_superseded(server.replicas, self.resolver)
         for journal, replica in list(server.replicas.items()):
             if journal in mine:
@@ -278,6 +288,37 @@ class Hosting:
                 self._pulsing.add(journal)
                 self._spawn(self._pulse_until_synced(journal, res.route))
 
+    def check_retired(self, replica, fragment, path: str | None) -> None:  # noqa: ANN001
+        """A fragment a retired replica closed: persisted once the route's members are
+        found to hold no other bytes at its offsets (retired_check.py)."""
+        if self._tg is None:  # not following the keyspace (yet): no route to ask
+            self.server.persist(fragment, path, True)
+            return
+        self._spawn(self._check_then_persist(replica, fragment, path),
+                    name=f"retired-check:{fragment.journal}")
+
+    async def _check_then_persist(self, replica, fragment, path: str | None) -> None:  # noqa: ANN001
+        from . import metrics
+        from .retired_check import stale_from
+
+        try:
+            stale = await stale_from(self.server, replica, fragment)
+        except Exception:  # noqa: BLE001 - a failed check must not lose the fragment
+            log.exception("cannot check a retired fragment; persisting it",
+                          journal=fragment.journal)
+            stale = None
+        if stale is None:
+            self.server.persist(fragment, path, True)
+            return
+        at, holder = stale
+        if replica.drop_stale(fragment, at):
+            metrics.STALE_FRAGMENTS.inc()
+            log.warning("a former member's fragment disagrees with the journal; dropped, "
+                        "never persisted", journal=fragment.journal, fragment_begin=fragment.begin,
+                        fragment_end=fragment.end, differs_from=at, route_member=holder,
+                        why="a later epoch cut this tail and wrote other bytes at its offsets")
+        self._changed.set()  # the replica may be forgotten now
+
     async def _retire(self, replica) -> None:  # noqa: ANN001
         """Tear down a pipeline of an old route once its in-flight appends finished."""
         async with replica.pipeline_lock:
@@ -311,6 +352,14 @@ class Hosting:
                 # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
                 # pipeline synced: that is as good as a pulse gets for it.
                 if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
+                    self._pulsed[journal] = route
+                    return
+                if fsm.status == Status.INDEX_HAS_GREATER_OFFSET:
+                    # Synchronized, and refusing appends until an operator's reset-head
+                    # (fail-to-safety): pulsing again changes nothing. Said once per
+                    # route (and at each periodic pulse), with the runbook's words.
+                    log.warning("journal refuses appends until reset-head", journal=journal,
+                                message=fsm.message)
                     self._pulsed[journal] = route
                     return
                 now = self.resolver.resolve_now(journal)

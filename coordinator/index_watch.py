@@ -43,7 +43,8 @@ from fragment_store.index_keys import INDEX_CHANNEL, INDEX_KEY_PREFIX, REFRESHED
 from protocol import Fragment
 from protocol.logs import get_logger
 
-__all__ = ["IndexWatch", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "decode_index"]
+__all__ = ["IndexWatch", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "decode_index",
+           "list_store_index", "listable"]
 
 log = get_logger(__name__)
 
@@ -68,6 +69,45 @@ def _honour_cancellation() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+STORE_LIST_TIMEOUT = 5.0
+"""Bound of a coordinator's own listing of a journal's store (no index in Redis)."""
+
+
+def listable(store_url: str) -> bool:
+    """Whether we list this store ourselves: a file store, or an S3 store whose endpoint
+    is configured (QUIRE_S3_ENDPOINT, AWS_ENDPOINT_URL[_S3] or the URL's `endpoint=`) —
+    never the AWS default guessed for a store this coordinator was not set up to reach."""
+    import os
+
+    if store_url.startswith("file:"):
+        return True
+    return store_url.startswith("s3:") and ("endpoint=" in store_url or any(
+        os.environ.get(k) for k in ("QUIRE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")))
+
+
+async def list_store_index(replica, store_url: str) -> None:  # noqa: ANN001
+    """The replica's first index from a listing of the store; on failure (the store
+    unreachable, or no credentials here) the empty index, as before, and say so."""
+    from fragment_store import CoverSet, list_fragments, open_store
+
+    try:
+        async with asyncio.timeout(STORE_LIST_TIMEOUT):
+            listed = await asyncio.to_thread(
+                lambda: list_fragments(open_store(store_url), replica.journal))
+    except Exception as exc:  # noqa: BLE001 - any failure: fall back, loudly
+        log.warning("no fragment index and the store cannot be listed; taking the index "
+                    "as empty", journal=replica.journal, store=store_url, error=repr(exc))
+        listed = []
+    if replica.index_ready:
+        return  # the index arrived meanwhile (it wins: the workers list every store)
+    if listed:
+        log.info("no fragment index yet: the store holds the journal", journal=replica.journal,
+                 end=max(f.end for f in listed))
+        replica.set_remote_index(list(CoverSet(listed)))
+    else:
+        replica.index_loaded()
 
 
 class IndexWatch:

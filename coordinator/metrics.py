@@ -105,6 +105,10 @@ READBACK_FAILURES = Counter("quire_fragment_readback_failures_total",
                             "persist worker, by reason (length, checksum, eio, other): each "
                             "copy was dropped as lost here, never uploaded (readback.py).",
                             ["reason"])
+STALE_FRAGMENTS = Counter("quire_stale_fragments_dropped_total",
+                          "Fragments a former member closed and dropped instead of persisting "
+                          "them: the journal's route holds other bytes at their offsets (a "
+                          "tail a later epoch replaced, retired_check.py).")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",

@@ -108,7 +108,8 @@ class Replica:
     __slots__ = ("journal", "spool", "spool_lock", "pipeline_lock", "pipeline", "head",
                  "local", "remote", "index_ready", "_wake", "_on_closed", "_log",
                  "_pulse_pending", "resolution", "limiter", "stream",
-                 "synced_end", "exposed_end", "lane", "batch", "health")
+                 "synced_end", "exposed_end", "lane", "batch", "health", "retired",
+                 "stale_from")
 
     def __init__(self, journal: str, files: FileFactory,
                  on_closed: Callable[[Fragment, str | None, bool], None] | None = None) -> None:
@@ -146,6 +147,13 @@ class Replica:
         raises the reported write head without making the gap look unwritten)."""
         self.stream = None
         """(fence.StreamFence, FrameStream) of the replicate stream holding the spool."""
+        self.retired = False
+        """The assignment went away (retire()) and has not come back: fragments closed
+        now are a former member's, checked against the route before they are persisted
+        (retired_check.py)."""
+        self.stale_from: int | None = None
+        """The lowest offset where a fragment of ours was found to disagree with the
+        journal (drop_stale): a head remembered for this journal never reaches past it."""
         self.exposed_end = 0
         """The spool's end when we, as primary, last sent it in a sync proposal: peers
         behind it roll forward past it on receipt (without its bytes), so from then on
@@ -374,11 +382,27 @@ class Replica:
         The caller holds (or checked free) the spool lock. True while something remains
         that only this replica may hold (closed fragments not yet persisted)."""
         spool = self.spool
+        self.retired = True
         self.drop_unacknowledged()
         if spool.content_length:
             spool.close(primary=True)  # primary: persist now, we may be the last copy
             self._log.info("assignment gone; spool closed for persistence", end=spool.end)
         return bool(self.local)
+
+    def drop_stale(self, fragment: Fragment, at: int) -> bool:
+        """A closed fragment whose bytes from `at` differ from the journal's (a tail a
+        later epoch cut and rewrote, retired_check.py): dropped, never persisted. True if
+        it was still here."""
+        kept = [lf for lf in self.local if lf.fragment != fragment]
+        gone = [lf for lf in self.local if lf.fragment == fragment]
+        for lf in gone:
+            if lf.file is not None:
+                lf.file.discard()
+        self.local = kept
+        self.stale_from = at if self.stale_from is None else min(self.stale_from, at)
+        self.head = min(self.head, at)
+        self.wake()
+        return bool(gone)
 
     def expose(self, end: int) -> None:
         """We (primary) send our spool's end `end` in a sync proposal (exposed_end)."""
