@@ -67,16 +67,7 @@ def make_journals(brokers: list[str], names: tuple[str, ...]) -> None:
     with SyncClient(brokers) as client:
         client.apply([JournalSpec(name=j, replication=1,
                                   fragment=FragmentSpec(length=64 << 20)) for j in names])
-        for j in names:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.append(j, b"")
-                    break
-                except Exception:  # noqa: BLE001 - not assigned yet
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+        client.wait_writable(names, timeout=60)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LocalCA", "issue_cert", "make_local_ca"]
 
@@ -38,11 +39,40 @@ def _write_key(path: Path, key) -> None:  # noqa: ANN001
         f.write(data)
 
 
+
+def _leaf(ca_key: Any, issuer: Any, common_name: str, hosts: tuple[str, ...],
+          now: dt.datetime) -> tuple[Any, Any]:
+    """A new P-256 key and its certificate signed by `ca_key`: `common_name`, `hosts` as
+    IP or DNS names, usable as server and client certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(issuer).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + VALIDITY)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return cert, key
+
 def make_local_ca(directory: str | os.PathLike[str], hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> LocalCA:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import NameOID
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -61,23 +91,7 @@ def make_local_ca(directory: str | os.PathLike[str], hosts: tuple[str, ...] = ("
                                        data_encipherment=False, key_agreement=False,
                                        encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            names.append(x509.DNSName(h))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "quire coordinator")]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + VALIDITY)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert, key = _leaf(ca_key, ca_name, "quire coordinator", hosts, now)
     Path(out.ca).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     Path(out.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(Path(out.key), key)
@@ -91,9 +105,7 @@ def issue_cert(ca: LocalCA, name: str, common_name: str,
     `common_name` (etcd takes a client certificate's CN as its user) and `hosts` as
     names; usable as server and client certificate. Made once, kept across runs."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
 
     d = Path(ca.ca).parent
     out = LocalCA(ca.ca, str(d / f"{name}.pem"), str(d / f"{name}-key.pem"))
@@ -106,23 +118,7 @@ def issue_cert(ca: LocalCA, name: str, common_name: str,
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
     ca_cert = x509.load_pem_x509_certificate(Path(ca.ca).read_bytes())
     now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            names.append(x509.DNSName(h))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + VALIDITY)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    cert, key = _leaf(ca_key, ca_cert.subject, common_name, hosts, now)
     _write_key(Path(out.key), key)
     Path(out.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -52,6 +53,21 @@ class SyncClient:
         if hasattr(data, "__aiter__"):
             raise TypeError("SyncClient.append takes bytes or a binary file")
         return self._call(self._client.append(journal, data, **kwargs))
+
+    def wait_writable(self, journals: Iterable[str], timeout: float = 30.0) -> None:
+        """Wait until each journal takes an (empty) append: just applied journals are
+        assigned and routed within a few seconds. Raises the last refusal once `timeout`
+        passes for one journal."""
+        for journal in journals:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    self.append(journal, b"")
+                    break
+                except Exception:  # noqa: BLE001 - not assigned or routed yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
     def read(self, journal: str, offset: int = 0, **kwargs: Any) -> Iterator[tuple[int, bytes]]:
         reader = self._client.read(journal, offset, **kwargs)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -164,22 +165,34 @@ async def diagnosed(waiting, members, etcd_client, root: str):  # noqa: ANN001, 
         raise AssertionError(f"{exc}\nlocks {locks}\nstatuses {detail}") from None
 
 
+@contextlib.asynccontextmanager
+async def led_group(env, member_factory, etcd_client, root: str, shards: int,  # noqa: ANN001
+                    **member_kw):  # noqa: ANN003, ANN201
+    """Shards and their journals set up, three members ready, every shard led, and a
+    `Watcher` of locks and status reports running: yields (members, watcher)."""
+    await setup(env, etcd_client, root, shards)
+    members = [member_factory(f"zone-{i % 2}", f"member-{i}", **member_kw) for i in range(3)]
+    for m in members:
+        await m.ready()
+    watcher = Watcher(etcd_client, root)
+    watching = asyncio.create_task(watcher.run())
+    try:
+        async def all_led() -> bool:
+            return len(await read_primaries(etcd_client, root)) == shards
+
+        await wait_for(all_led, 30, "every shard to have a primary")
+        yield members, watcher
+    finally:
+        watching.cancel()
+
+
 async def test_kill9_moves_shards_and_counts_match_model(coordinators, member_factory, etcd_client,  # noqa: ANN001
                                                          etcd_root) -> None:
     env = coordinators
     started = time.monotonic()
-    await setup(env, etcd_client, etcd_root, SHARDS)
-    members = [member_factory(f"zone-{i % 2}", f"member-{i}", snapshot_interval=1.0) for i in range(3)]
-    for m in members:
-        await m.ready()
-    watcher = Watcher(etcd_client, etcd_root)
-    watching = asyncio.create_task(watcher.run())
     async with Client(env.endpoints) as client:
-        try:
-            async def all_led() -> bool:
-                return len(await read_primaries(etcd_client, etcd_root)) == SHARDS
-
-            await wait_for(all_led, 30, "every shard to have a primary")
+        async with led_group(env, member_factory, etcd_client, etcd_root, SHARDS,
+                             snapshot_interval=1.0) as (members, watcher):
             first = MESSAGES * 2 // 5
             await write(client, 0, first, SHARDS)
             await diagnosed(wait_for(lambda: caught_up(client, etcd_client, etcd_root, SHARDS), 60,
@@ -218,8 +231,6 @@ async def test_kill9_moves_shards_and_counts_match_model(coordinators, member_fa
             assert "snapshot restored" in restored, "the new primaries started from a snapshot"
             for m in survivors:
                 assert m.terminate() == 0, m.log_text()[-3000:]
-        finally:
-            watching.cancel()
         assert watcher.polls > 20
         assert not watcher.violations, watcher.violations[:5]
         assert all(len(watcher.holders[s]) >= 2 for s in moved), dict(watcher.holders)

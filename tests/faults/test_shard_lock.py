@@ -15,8 +15,8 @@ import pytest
 from quire.client import Client
 from topology.shards import consumer_root, read_primaries
 from tests.consumers.conftest import coordinators, etcd_client, member_factory, wait_for  # noqa: F401
-from tests.consumers.test_failover import (Watcher, caught_up, diagnosed, model, replayed_counts,
-                                           setup, write)
+from tests.consumers.test_failover import (caught_up, diagnosed, led_group, model, replayed_counts,
+                                           write)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -28,18 +28,9 @@ TTL = 3.0
 async def test_a_deleted_shard_lock_is_noticed_and_the_shard_led_again(  # noqa: ANN001
         coordinators, member_factory, etcd_client, etcd_root) -> None:  # noqa: F811
     env = coordinators
-    await setup(env, etcd_client, etcd_root, SHARDS)
-    members = [member_factory(f"zone-{i % 2}", f"member-{i}", ttl=TTL) for i in range(3)]
-    for m in members:
-        await m.ready()
-    watcher = Watcher(etcd_client, etcd_root)
-    watching = asyncio.create_task(watcher.run())
     async with Client(env.endpoints) as client:
-        try:
-            async def all_led() -> bool:
-                return len(await read_primaries(etcd_client, etcd_root)) == SHARDS
-
-            await wait_for(all_led, 30, "every shard to have a primary")
+        async with led_group(env, member_factory, etcd_client, etcd_root, SHARDS,
+                             ttl=TTL) as (members, watcher):
             await write(client, 0, MESSAGES // 2, SHARDS)
             shard = "count-0"
             holder, _ = (await read_primaries(etcd_client, etcd_root))[shard]
@@ -63,8 +54,6 @@ async def test_a_deleted_shard_lock_is_noticed_and_the_shard_led_again(  # noqa:
                 assert m.proc.poll() is None, m.log_text()[-3000:]
             for m in members:
                 assert m.terminate() == 0, m.log_text()[-3000:]
-        finally:
-            watching.cancel()
         assert watcher.polls > 5
         assert not watcher.violations, watcher.violations[:5]
         expected = model(MESSAGES, SHARDS)

@@ -18,16 +18,7 @@ def make_journals(client: Any, store_url: str, names: list[str], *, length: int 
         fragment=FragmentSpec(length=length, compression_codec=Codec.GZIP,
                               stores=(store_url,), refresh_interval=1.0))
         for j in names])
-    for j in names:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.append(j, b"")
-                break
-            except Exception:  # noqa: BLE001 - not assigned yet
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    client.wait_writable(names)
 
 
 def message(journal: str, n: int) -> bytes:

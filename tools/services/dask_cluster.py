@@ -17,12 +17,10 @@ import os
 import re
 import socket
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from tools.services.placement import LOOPBACK, Placement, place
+from tools.services.placement import LOOPBACK, HeadAndWorkers, Placement, place
 from tools.services.process import Service, ServiceError, free_port
 
 __all__ = ["DaskCluster", "DaskSchedulerService", "DaskWorkerService"]
@@ -97,57 +95,26 @@ class DaskWorkerService(_DaskProcess):
         return re.search(r"Registered to:\s+tcp://", self.log_text()) is not None
 
 
-class DaskCluster:
+class DaskCluster(HeadAndWorkers[DaskSchedulerService, DaskWorkerService]):
     """A scheduler and `workers` workers. `hosts`: where each runs (scheduler on
     hosts[0], worker i on hosts[1 + i]); default all on loopback."""
+
+    kind = "Dask"
+    head_role = "scheduler"
 
     def __init__(self, workers: int = 2, *, hosts: Sequence[Placement] | None = None,
                  workdir: str | os.PathLike[str] | None = None, threads: int = 1,
                  name: str = "dask") -> None:
-        places = list(hosts) if hosts else [LOOPBACK] * (workers + 1)
-        if len(places) != workers + 1:
-            raise ServiceError(f"a Dask cluster of 1 scheduler and {workers} workers needs "
-                               f"{workers + 1} placements, got {len(places)}")
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"quire-{name}-"))
-        self.scheduler = DaskSchedulerService(f"{name}-scheduler", where=places[0],
-                                              workdir=self.workdir / "scheduler")
-        self.workers = [DaskWorkerService(f"{name}-worker-{i}", scheduler=self.scheduler,
-                                          where=places[1 + i], threads=threads,
-                                          workdir=self.workdir / f"worker-{i}")
-                        for i in range(workers)]
+        super().__init__(
+            workers, hosts, workdir, name,
+            lambda where, wd: DaskSchedulerService(f"{name}-scheduler", where=where, workdir=wd),
+            lambda i, head, where, wd: DaskWorkerService(
+                f"{name}-worker-{i}", scheduler=head, where=where, threads=threads, workdir=wd))
+
+    @property
+    def scheduler(self) -> DaskSchedulerService:
+        return self.head
 
     @property
     def scheduler_address(self) -> str:
-        return self.scheduler.address
-
-    @property
-    def services(self) -> list[Service]:
-        return [self.scheduler, *self.workers]
-
-    def start(self) -> DaskCluster:
-        try:
-            self.scheduler.start()
-            for w in self.workers:
-                w.start(wait=False)
-            for w in self.workers:
-                w.wait_ready()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def close(self) -> None:
-        errors = []
-        for svc in [*reversed(self.workers), self.scheduler]:
-            try:
-                svc.stop()
-            except ServiceError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise ServiceError("; ".join(errors))
-
-    def __enter__(self) -> DaskCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return self.head.address

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.services.placement import LOOPBACK, Placement, place
+from tools.services.placement import LOOPBACK, HeadAndWorkers, Placement, place
 from tools.services.process import Service, ServiceError, free_port, wait_for
 
 __all__ = ["SparkCluster", "SparkMasterService", "SparkWorkerService", "spark_home"]
@@ -132,44 +131,30 @@ class SparkWorkerService(_SparkDaemon):
         return [*state.get("executors", []), *state.get("finishedexecutors", [])]
 
 
-class SparkCluster:
+class SparkCluster(HeadAndWorkers[SparkMasterService, SparkWorkerService]):
     """A master and `workers` workers. `hosts`: where each runs (master on hosts[0],
     worker i on hosts[1 + i]); default all on loopback."""
+
+    kind = "Spark"
+    head_role = "master"
 
     def __init__(self, workers: int = 2, *, hosts: Sequence[Placement] | None = None,
                  workdir: str | os.PathLike[str] | None = None, cores: int = 1,
                  memory: str = "1g", name: str = "spark") -> None:
-        places = list(hosts) if hosts else [LOOPBACK] * (workers + 1)
-        if len(places) != workers + 1:
-            raise ServiceError(f"a Spark cluster of 1 master and {workers} workers needs "
-                               f"{workers + 1} placements, got {len(places)}")
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"quire-{name}-"))
-        self.master = SparkMasterService(f"{name}-master", where=places[0],
-                                         workdir=self.workdir / "master")
-        self.workers = [SparkWorkerService(f"{name}-worker-{i}", master=self.master,
-                                           where=places[1 + i], cores=cores, memory=memory,
-                                           workdir=self.workdir / f"worker-{i}")
-                        for i in range(workers)]
+        super().__init__(
+            workers, hosts, workdir, name,
+            lambda where, wd: SparkMasterService(f"{name}-master", where=where, workdir=wd),
+            lambda i, head, where, wd: SparkWorkerService(
+                f"{name}-worker-{i}", master=head, where=where, cores=cores, memory=memory,
+                workdir=wd))
+
+    @property
+    def master(self) -> SparkMasterService:
+        return self.head
 
     @property
     def master_url(self) -> str:
-        return self.master.url
-
-    @property
-    def services(self) -> list[Service]:
-        return [self.master, *self.workers]
-
-    def start(self) -> SparkCluster:
-        try:
-            self.master.start()
-            for w in self.workers:
-                w.start(wait=False)
-            for w in self.workers:
-                w.wait_ready()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return self.head.url
 
     def driver_conf(self, driver_host: str, *, executor_memory: str = "512m") -> dict[str, str]:
         """Spark conf of a driver outside the cluster at `driver_host` (an address the
@@ -190,19 +175,3 @@ class SparkCluster:
                 if app_id is None or ex.get("appid") == app_id:
                     out.add(w.host)
         return out
-
-    def close(self) -> None:
-        errors = []
-        for svc in [*reversed(self.workers), self.master]:
-            try:
-                svc.stop()
-            except ServiceError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise ServiceError("; ".join(errors))
-
-    def __enter__(self) -> SparkCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
