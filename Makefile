@@ -25,7 +25,7 @@ COMPOSE_PACKAGES := docker.io:dockerd debootstrap:debootstrap
 COMPOSE_STAMP := $(VENV)/.quire-compose
 DOCKER_CONFIG_DIR := $(CURDIR)/build/compose/docker-config
 
-.PHONY: install system-deps packages test run bench layers clean distclean compose-deps compose-images compose-test
+.PHONY: install system-deps packages test run bench layers clean distclean compose-deps compose-images compose-test compose-secrets
 
 install: system-deps $(STAMP)
 
@@ -98,9 +98,17 @@ compose-deps: install $(COMPOSE_STAMP)
 compose-images: compose-deps
 	DOCKER_CONFIG=$(DOCKER_CONFIG_DIR) compose/engine.sh $(PY) compose/build_images.py
 
+# The open deployment's smoke, then the secure one's (compose/secure.yml: its own
+# credentials made for the run by tools/compose_secrets.py, removed after).
 compose-test: compose-deps
 	DOCKER_CONFIG=$(DOCKER_CONFIG_DIR) compose/engine.sh \
-	  bash -c '$(PY) compose/build_images.py && $(PY) compose/smoke.py' </dev/null
+	  bash -c '$(PY) compose/build_images.py && $(PY) compose/smoke.py && $(PY) compose/secure_smoke.py' </dev/null
+
+# Certificates, Redis ACL users, signing keys and tokens for compose/secure.yml (0600,
+# owned by the containers' uid 10001; kept: remove the directory to rotate them).
+COMPOSE_SECRETS ?= build/compose/secrets
+compose-secrets: install
+	$(PY) -m tools.compose_secrets make $(COMPOSE_SECRETS)
 
 # Also drops the virtualenv (PySpark alone is ~0.5 GB to reinstall).
 distclean: clean

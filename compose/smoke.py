@@ -313,7 +313,7 @@ def down() -> bool:
                           capture_output=True, text=True, env=env(), timeout=600)
     left = leftovers()
     say(f"docker compose down -v in {time.monotonic() - started:.1f}s; left behind: "
-        + (", ".join(left) if left else "nothing (no container, network or volume of quire-ci)"))
+        + (", ".join(left) if left else f"nothing (no container, network or volume of {PROJECT})"))
     return proc.returncode == 0 and not left
 
 

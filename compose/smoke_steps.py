@@ -2,7 +2,7 @@
 of compose/ci.yml, the quire image) since the coordinators are reachable only there:
 
     python /opt/smoke/steps.py journals | append N | read N | persisted | consumer N
-                               | route JOURNAL | failover JOURNAL | brokers
+                               | route JOURNAL | failover JOURNAL | brokers | refusals
 
 Each step prints what it did and, last, one line `RESULT {json}` for the host side. The
 steps are the demo's (tools/demo.py, tools/demo_consumer.py) through the deployment:
@@ -229,8 +229,69 @@ async def step_failover(client: Client, journal: str) -> None:
     result(acked=len(acked), gap_start=gap[0], gap_end=gap[1], lost=0)
 
 
+async def step_refusals() -> None:
+    """The secure deployment's doors, each refused with a clear error: etcd over plain
+    HTTP, etcd over TLS without a client certificate, Redis without a password, Redis
+    over plain TCP; then a hand-made unsigned persist task pushed into Redis with the
+    coordinators' own ACL user (the host checks worker-persist refused and counted it)."""
+    import base64
+    import uuid
+
+    import redis
+
+    from topology.etcd import connect as etcd_connect
+    from topology.etcd_client import EtcdTLS
+
+    refused: dict[str, str] = {}
+
+    async def etcd_refuses(what: str, url: str, tls: EtcdTLS | None) -> None:
+        try:
+            client = await etcd_connect(url, tls=tls, probe=5.0, root=ROOT)
+        except Exception as exc:  # noqa: BLE001 - any refusal will do; its text is shown
+            refused[what] = " ".join(str(exc).split())[:300]
+            return
+        await client.close()
+        fail(f"{what}: etcd answered")
+
+    plain = ",".join(u.replace("https://", "http://") for u in ETCD.split(","))
+    await etcd_refuses("etcd over plain HTTP", plain, None)
+    await etcd_refuses("etcd without a client certificate", ETCD, EtcdTLS(os.environ["QUIRE_ETCD_CA"]))
+    ca = os.environ["QUIRE_TLS_CA"]
+    for what, url in (("Redis without a password", f"rediss://redis:6379/0?ssl_ca_certs={ca}"),
+                      ("Redis over plain TCP", "redis://redis:6379/0")):
+        try:
+            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5).lpush("persist", b"x")
+        except redis.exceptions.RedisError as exc:
+            refused[what] = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            fail(f"{what}: Redis took the message")
+    for what, why in refused.items():
+        say(f"  refused: {what}: {why}")
+    # What anyone holding a Redis password could push: a persist task, unsigned.
+    tid = str(uuid.uuid4())
+    args = [{"journal": "smoke/forged", "begin": 0, "end": 4096}, ["evil.invalid:8080"],
+            "s3://quire/forged/"]
+    body = base64.b64encode(json.dumps([args, {}, {"callbacks": None, "errbacks": None,
+                                                   "chain": None, "chord": None}]).encode())
+    message = json.dumps({
+        "body": body.decode(), "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": {"lang": "py", "task": "workers.persist.persist_fragment", "id": tid,
+                    "root_id": tid, "parent_id": None, "group": None, "retries": 0, "eta": None,
+                    "expires": None, "timelimit": [None, None], "argsrepr": repr(args),
+                    "kwargsrepr": "{}", "origin": "forger", "ignore_result": True},
+        "properties": {"correlation_id": tid, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": "persist"}, "priority": 0,
+                       "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())}})
+    redis.Redis.from_url(os.environ["QUIRE_REDIS_URL"], socket_timeout=5).lpush("persist", message)
+    say(f"pushed an unsigned persist_fragment task {tid} into Redis as quire-coordinator")
+    result(refused=sorted(refused), forged=tid)
+
+
 async def main(argv: list[str]) -> None:
     step, args = argv[0], argv[1:]
+    if step == "refusals":  # no coordinator involved
+        await step_refusals()
+        return
     async with Client(BROKERS, retry_timeout=60) as client:
         if step == "journals":
             await step_journals(client)

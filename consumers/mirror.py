@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import aetcd
+from aetcd import rpc
 
 from protocol.logs import get_logger
+from topology.watch import watch_events
 
 __all__ = ["KV", "Mirror"]
 
@@ -82,18 +84,23 @@ class Mirror:
         backoff = 0.1
         while True:
             try:
-                watch = await self.client.watch_prefix(prefix.encode(), start_revision=revision + 1)
-                async for ev in watch:
-                    key = ev.kv.key.decode()
-                    if ev.kind == "PUT":
-                        self.kvs[key] = KV(ev.kv.value, ev.kv.mod_revision, ev.kv.create_revision,
-                                           ev.kv.lease)
-                    else:
-                        self.kvs.pop(key, None)
-                    revision = max(revision, ev.kv.mod_revision)
-                    self._seen[prefix] = max(self._seen.get(prefix, 0), revision)
-                    self._notify()
-                    backoff = 0.1
+                # topology.watch's raw stream: aetcd's own watcher is not set up on quire's
+                # EtcdClient (every process's client, TLS or not), so `watch_prefix` failed
+                # at once and the mirror only ever caught up by re-listing.
+                async with contextlib.aclosing(watch_events(self.client, prefix.encode(), revision + 1,
+                                                            prefix=True)) as batches:
+                    async for resp in batches:
+                        for ev in resp.events:
+                            key = ev.kv.key.decode()
+                            if ev.type == rpc.Event.PUT:
+                                self.kvs[key] = KV(ev.kv.value, ev.kv.mod_revision,
+                                                   ev.kv.create_revision, ev.kv.lease)
+                            else:
+                                self.kvs.pop(key, None)
+                            revision = max(revision, ev.kv.mod_revision)
+                        self._seen[prefix] = max(self._seen.get(prefix, 0), revision)
+                        self._notify()
+                        backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any loss: re-list and watch again
