@@ -11,7 +11,7 @@ lines, and their sum is the minute's count. The output journal is created if mis
 
     python -m spark.jobs.minute_counts --selector topic=events --out-journal demo/minute-counts
         [--brokers HOST:PORT] [--store URL] [--checkpoint DIR] [--max-bytes-per-trigger N]
-        [--until-idle] [--master spark://HOST:7077 --conf spark.driver.host=ADDRESS]
+        [--until-idle] [--restarts N] [--master spark://HOST:7077 --conf spark.driver.host=ADDRESS]
         [-O s3.endpoint=http://HOST:9000 -O s3.accessKey=... ...]
 
 `-O` options go to the `quire` source as they are (spark/README.md): executors on other
@@ -112,6 +112,32 @@ def start(spark: Any, params: StreamParams) -> Any:
             .trigger(processingTime=f"{params.trigger_seconds} seconds").start())
 
 
+def _run(spark: Any, params: StreamParams, until_idle: bool, restarts: int) -> Any:
+    """Run the query (until idle, or until interrupted); a query that fails is started
+    again from its checkpoint, in this driver (its executors stay), up to `restarts`
+    times. The sink is exactly once per micro-batch, so a restart cannot change the
+    counts. Returns the last query."""
+    from pyspark.errors import StreamingQueryException
+
+    for attempt in range(restarts + 1):
+        query = start(spark, params)
+        try:
+            if until_idle:
+                query.processAllAvailable()
+            else:
+                query.awaitTermination()
+            return query
+        except StreamingQueryException as exc:
+            if attempt == restarts:
+                raise
+            reason = str(exc).splitlines()[0][:300]
+            print(f"{NAME}: query failed ({reason}); restarting from {params.checkpoint} "
+                  f"({attempt + 1} of {restarts})", file=sys.stderr, flush=True)
+        finally:
+            query.stop()
+    raise AssertionError("unreachable")
+
+
 def _pairs(p: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -140,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="source option, e.g. s3.endpoint=URL (repeatable)")
     p.add_argument("--conf", "-c", action="append", default=[], metavar="KEY=VALUE",
                    help="Spark configuration, e.g. spark.driver.host=ADDRESS (repeatable)")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="start a failed query again from its checkpoint, up to N times")
     p.add_argument("--until-idle", action="store_true",
                    help="stop once everything appended so far is counted")
     ns = p.parse_args(argv)
@@ -153,14 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = session(f"quire-{NAME}", ns.master, conf)
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        query = start(spark, params)
-        try:
-            if ns.until_idle:
-                query.processAllAvailable()
-            else:
-                query.awaitTermination()
-        finally:
-            query.stop()
+        query = _run(spark, params, ns.until_idle, ns.restarts)
         for progress in query.recentProgress:
             if progress["numInputRows"]:
                 print(f"{NAME}: micro-batch {progress['batchId']}: "
