@@ -287,8 +287,9 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             group = _group(cfg)
             await _start_group(run, admin, group)
         # On hosts a cut link is silent (no RST): an append sent to an isolated primary
-        # waits on TCP retransmissions. Writers give an attempt lease TTL + 1 s, as a
-        # client across hosts must, then re-send (identified: deduplicated) elsewhere.
+        # waits on TCP retransmissions. The client abandons it once another coordinator
+        # names a new primary (quire/client/reroute.py) and re-sends it there
+        # (identified: deduplicated); lease TTL + 1 s per attempt stays as a backstop.
         writer_client = TracingClient(_client_endpoints(run), retry_timeout=10.0,
                                       rpc_timeout=cfg.lease_ttl + 1.0 if cfg.hosts else 60.0)
         if run.links.client:

@@ -25,6 +25,11 @@ append is re-sent after every indefinite failure (COMMIT_UNKNOWN, a lost answer,
 timeout, a lost connection) until an authoritative answer or `retry_timeout`: the
 primary answers a transaction that already committed with its original commit and
 never writes it twice. Only when the deadline passes does it raise CommitUnknown.
+
+An attempt its primary leaves unanswered (a silent socket: the primary's host cut off)
+is abandoned once another coordinator names a new primary for the journal, long before
+`rpc_timeout` (reroute.py): an outcome unknown like any other, re-sent at once where the
+journal went when it may be.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ from .producer import TxnId
 from .connection import Connection, ConnectionPool
 from .metadata import MetadataCalls
 from .reader import Reader
+from .reroute import REROUTE_GRACE, Rerouter, probe_primary
 from .results import AppendResult
-from .retry import ROUTING_STATUSES, backoff, reason, strip_status
+from .retry import ROUTING_STATUSES, Rerouted, backoff, reason, strip_status
 from .routes import RouteCache
 
 _CHUNK = FrameTemplate(AppendChunk())
@@ -118,6 +124,9 @@ class Client(MetadataCalls):
         applied waits for it (boundedly) instead of answering JOURNAL_NOT_FOUND."""
         self.pool = ConnectionPool(connect_timeout=connect_timeout, max_idle=max_idle,
                                    token=token, ssl=ssl)
+        # (a function of the client: a caller may replace its route cache)
+        self.pool.rerouter = Rerouter(
+            lambda journal, avoid: probe_primary(self.routes, self.pool, journal, avoid))
         self.rpc_timeout = rpc_timeout
         self.retry_timeout = retry_timeout
         self._valid_names: set[str] = set()
@@ -188,22 +197,36 @@ class Client(MetadataCalls):
         # Why an earlier attempt's outcome is unknown (its commit was sent). Once set, no
         # later failure may be reported as definite: that attempt may have landed.
         unknown = ""
+        # A stalled attempt is abandoned once its journal moved (reroute.py): at once
+        # for an identified append, after REROUTE_GRACE for one that cannot be re-sent
+        # as freely.
+        grace = 0.0 if txn is not None else REROUTE_GRACE
         while True:
             endpoint = self.routes.for_append(journal)
+            # The primary this attempt expects to answer ("": a proxy's choice).
+            expect = endpoint if self.routes.primary(journal) == endpoint else ""
+            rerouted = False
             try:
                 if whole is not None:
                     response = await self._append_whole(endpoint, encoded or encode_frame(request),
-                                                        whole)
+                                                        whole, journal, expect, grace)
                 else:
-                    response = await self._append_once(endpoint, request, body, encoded)
+                    response = await self._append_once(endpoint, request, body, encoded,
+                                                       journal=journal, expect=expect, grace=grace)
             except _Ambiguous as exc:
-                self.routes.mark_down(endpoint)
+                # Rerouted: the endpoint did not fail us, the journal left it (the route
+                # cache already has where it went): no mark-down, no back-off.
+                rerouted = isinstance(exc.cause, Rerouted)
+                if not rerouted:
+                    self.routes.mark_down(endpoint)
                 unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
                 # Re-sending at the same explicit offset cannot land twice.
                 if not resendable or not body.rewind() or time.monotonic() >= deadline:
                     raise _commit_unknown(journal, offset, unknown, txn=txn) from exc.cause
             except Unavailable as exc:
-                self.routes.mark_down(endpoint)
+                rerouted = isinstance(exc, Rerouted)
+                if not rerouted:
+                    self.routes.mark_down(endpoint)
                 if not body.rewind() or time.monotonic() >= deadline:
                     if unknown:
                         raise _commit_unknown(journal, offset, unknown,
@@ -238,16 +261,23 @@ class Client(MetadataCalls):
                 else:
                     self.routes.invalidate(journal)
                     self.routes.update(journal, response.header)
-            await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
-            attempt += 1
+            if not rerouted:
+                await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
+                attempt += 1
 
     async def _append_once(self, endpoint: str, request: AppendRequest, body: Body,
-                           encoded: list[bytes | memoryview] | None = None) -> AppendResponse:
-        """`encoded`: the request's frame, if already made."""
+                           encoded: list[bytes | memoryview] | None = None, *, journal: str = "",
+                           expect: str = "", grace: float = 0.0) -> AppendResponse:
+        """`encoded`: the request's frame, if already made. `journal`, `expect`,
+        `grace`: for the rerouter (ConnectionPool.watch)."""
         whole = body.whole()
         if whole is not None:
-            return await self._append_whole(endpoint, encoded or encode_frame(request), whole)
+            return await self._append_whole(endpoint, encoded or encode_frame(request), whole,
+                                            journal, expect, grace)
         conn = await self.pool.acquire(endpoint)
+        # The rerouter may close a stalled stream whose journal moved (its own read
+        # timeout below still bounds the answer).
+        self.pool.watch(conn, self.rpc_timeout or float("inf"), journal, expect, grace)
         # The broker may answer before the commit (e.g. JOURNAL_NOT_FOUND) and stop
         # reading our chunks; listening while sending keeps a big append from blocking
         # on a full socket buffer that will never drain.
@@ -281,10 +311,12 @@ class Client(MetadataCalls):
             conn.abort()
             raise
         finally:
+            self.pool.unwatch(conn)
             self.pool.release(conn)
 
     async def _append_whole(self, endpoint: str, request: list[bytes | memoryview],
-                            data: bytes | memoryview) -> AppendResponse:
+                            data: bytes | memoryview, journal: str = "", expect: str = "",
+                            grace: float = 0.0) -> AppendResponse:
         """An append whose content is at most one chunk of bytes: request, chunk and
         commit leave in one send, and the answer is read inline — no task, no drain, no
         timer (the pool's watchdog bounds the wait by rpc_timeout). Nothing here waits
@@ -297,8 +329,8 @@ class Client(MetadataCalls):
         conn = pool.take(endpoint) or await pool.acquire(endpoint)
         try:
             conn.send_encoded(frames)
-            if self.rpc_timeout:  # (None: wait as long as it takes, as conn.read(None))
-                pool.watch(conn, self.rpc_timeout)
+            # (rpc_timeout None: as long as it takes, as conn.read(None), but rerouted.)
+            pool.watch(conn, self.rpc_timeout or float("inf"), journal, expect, grace)
             frame = await conn.answer()
             if not isinstance(frame.message, AppendResponse):
                 raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from ssl import SSLContext
+from typing import Protocol
 
 from protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
 from protocol.credentials import TokenSource, current_token, unverified_expiry
@@ -20,6 +21,8 @@ from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
 from protocol.status import Status
 from protocol.stream import ConnectionClosed, FrameStream
 from protocol.wire import Frame
+
+from .retry import Rerouted
 
 WATCH_PERIOD = 1.0
 """Seconds between the watchdog's checks of overdue RPCs (ConnectionPool.watch)."""
@@ -39,6 +42,16 @@ class Connection:
         """While watched (ConnectionPool.watch): when its RPC's answer is overdue."""
         self.timed_out = 0.0
         """The RPC timeout that closed it (the watchdog's doing), else 0."""
+        # While an append is watched (reroute.py): its journal, when it was sent, the
+        # primary it expects to answer, how long it may wait once the journal moved,
+        # and where (and when) a probe saw the journal move; `rerouted` once aborted.
+        self.journal = ""
+        self.since = 0.0
+        self.expect = ""
+        self.grace = 0.0
+        self.moved_to = ""
+        self.moved_at = 0.0
+        self.rerouted = ""
 
     @classmethod
     async def open(cls, endpoint: str, timeout: float, token: TokenSource = "",
@@ -116,7 +129,7 @@ class Connection:
                 async with asyncio.timeout(timeout):
                     frame = await self.stream.read()
         except ConnectionClosed as exc:
-            raise self._lost(exc) from exc
+            raise self._lost(exc, self.timed_out) from exc  # (the watchdog may have closed it)
         except asyncio.TimeoutError as exc:
             raise self._lost(exc, timeout) from exc
         except ProtocolError:
@@ -138,6 +151,9 @@ class Connection:
 
     def _lost(self, exc: BaseException, timed_out: float | None = 0.0) -> Unavailable:
         self.broken = True
+        if self.rerouted:
+            return Rerouted(f"{self.endpoint} did not answer for {time.monotonic() - self.since:.1f}s "
+                            f"and the journal's primary moved to {self.rerouted}")
         if timed_out:
             return Unavailable(f"{self.endpoint} did not answer within {timed_out:g}s")
         return Unavailable(f"connection to {self.endpoint} closed: {exc}")
@@ -158,6 +174,16 @@ class Connection:
         await self.stream.close()
 
 
+class Rerouting(Protocol):
+    """What the pool's watchdog asks of reroute.Rerouter."""
+
+    period: float
+
+    def tick(self, now: float, watched: dict[Connection, float]) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class ConnectionPool:
     """Idle connections per endpoint, at most `max_idle` kept per endpoint: as many as a
     client keeps RPCs in flight to one coordinator, so a burst of concurrent appends
@@ -175,6 +201,8 @@ class ConnectionPool:
         self._watched: dict[Connection, float] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._period = WATCH_PERIOD
+        self.rerouter: Rerouting | None = None
+        """Set by the client: stalled appends whose journal moved are aborted (reroute.py)."""
 
     def take(self, endpoint: str) -> Connection | None:
         """An idle connection to `endpoint`, if one is pooled (no coroutine)."""
@@ -196,14 +224,22 @@ class ConnectionPool:
 
     # -- RPC deadlines without a timer per RPC ---------------------------------------
 
-    def watch(self, conn: Connection, timeout: float) -> None:
+    def watch(self, conn: Connection, timeout: float, journal: str = "", expect: str = "",
+              grace: float = 0.0) -> None:
         """Bound the RPC `conn` is about to wait on by `timeout`: one watchdog task per
         pool, waking every WATCH_PERIOD (or a quarter of the shortest timeout) while
         any RPC is watched, closes a connection whose answer is overdue — its read then
         raises Unavailable (Connection.answer). No timer handle per RPC: a timeout
-        fires between `timeout` and `timeout` + the period."""
+        fires between `timeout` and `timeout` + the period.
+
+        An append names its `journal`, the primary it `expect`s to answer ("" when sent
+        to a proxy) and its `grace`: if it stalls and the journal moves, the rerouter
+        closes it sooner, and its read raises Rerouted (reroute.py)."""
         self._watched[conn] = timeout
-        conn.deadline = time.monotonic() + timeout
+        now = time.monotonic()
+        conn.deadline = now + timeout
+        conn.journal, conn.since, conn.expect, conn.grace = journal, now, expect, grace
+        conn.moved_to = ""
         if timeout / 4 < self._period:
             self._period = max(0.01, timeout / 4)
         if self._watchdog is None:
@@ -214,12 +250,17 @@ class ConnectionPool:
 
     async def _watch(self) -> None:
         try:
+            stalled = False
             while self._watched:
-                await asyncio.sleep(self._period)
+                # Faster while an append is stalled (its journal may have moved).
+                await asyncio.sleep(min(self._period, self.rerouter.period)
+                                    if stalled and self.rerouter is not None else self._period)
                 now = time.monotonic()
                 for conn in [c for c in self._watched if c.deadline <= now]:
                     conn.timed_out = self._watched.pop(conn)
                     conn.abort()
+                if self.rerouter is not None:
+                    stalled = self.rerouter.tick(now, self._watched)
         finally:
             self._watchdog = None
 
@@ -255,6 +296,8 @@ class ConnectionPool:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self.rerouter is not None:
+            self.rerouter.close()
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:

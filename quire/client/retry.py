@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protocol import Status
-from protocol.errors import StatusError
+from protocol.errors import StatusError, Unavailable
 
 ROUTING_STATUSES = frozenset({
     Status.NOT_JOURNAL_PRIMARY_BROKER,
@@ -24,6 +24,12 @@ new route was up (a primary kill took 13.9 s with a 5 s TTL: the retry at 3.9 s 
 early, the next one came at 8.9 s, hit the dead endpoint and slept 5 s). Retrying twice
 a second while an append waits costs the cluster nothing measurable, and the retry
 timeout still bounds the whole append."""
+
+
+class Rerouted(Unavailable):
+    """An attempt abandoned because its journal's primary moved while it waited
+    (reroute.py): the client re-sends at once where the journal went, with no back-off
+    and without marking the endpoint down."""
 
 
 def backoff(attempt: int) -> float:

@@ -64,6 +64,21 @@ class RouteCache:
             return 0
         return entry[3]
 
+    def primary(self, journal: str) -> str | None:
+        """The cached primary endpoint of a journal (however old), or None."""
+        entry = self._routes.get(journal)
+        return entry[2] if entry is not None else None
+
+    def observe(self, journal: str, header: Header) -> str | None:
+        """A route another coordinator reported while an append waited (reroute.py):
+        cached unless older than the cached one. Returns the journal's primary endpoint
+        as now cached (None: no primary, or nothing learned)."""
+        entry = self._routes.get(journal)
+        if entry is not None and header.etcd.revision < entry[3]:
+            return None  # that coordinator is behind us: it tells nothing new
+        self.update(journal, header)
+        return self.primary(journal)
+
     def invalidate(self, journal: str) -> None:
         self._routes.pop(journal, None)
 
@@ -72,6 +87,10 @@ class RouteCache:
         self._down[endpoint] = time.monotonic()
         for journal in [j for j, entry in self._routes.items() if endpoint in entry[0].endpoints]:
             del self._routes[journal]
+
+    def is_down(self, endpoint: str) -> bool:
+        """Marked down (it failed us) within the last few seconds."""
+        return self._is_down(endpoint)
 
     def _is_down(self, endpoint: str) -> bool:
         at = self._down.get(endpoint)

@@ -257,7 +257,9 @@ class FakeBroker:
                     return True
                 continue
             if not request.block or request.metadata_only:
+                # (with the route, as a coordinator answers a first response)
                 await stream.send(ReadResponse(status=Status.OFFSET_NOT_YET_AVAILABLE,
+                                               header=self.header() if first else None,
                                                offset=offset, write_head=len(content)))
                 return True
             async with self._changed:

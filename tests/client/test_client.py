@@ -328,3 +328,50 @@ def test_the_route_cache_names_its_revision_while_it_is_fresh() -> None:
     assert routes.revision("a/b") == 0 and routes.for_append("a/b") == "127.0.0.1:2"
     routes.update("a/b", Header(route=route, etcd=Etcd(revision=9)))
     assert routes.revision("a/b") == 9 and routes._routes["a/b"][1] > at  # noqa: SLF001
+
+
+async def test_a_stalled_append_follows_its_journal_to_the_new_primary() -> None:
+    """An append its primary never answers (a silent socket: the primary's host cut off)
+    is abandoned once another coordinator names a new primary (quire/client/reroute.py),
+    long before its RPC timeout: an identified one is re-sent there at once and
+    acknowledged; a plain one becomes CommitUnknown after its grace, never re-sent."""
+    from quire.client import TxnId
+
+    journal = "moved/journal"
+    old, new = FakeBroker("old"), FakeBroker("new")
+    async with running(old), running(new):
+        old.create(journal)
+        new.create(journal)
+        async with Client([old.endpoint, new.endpoint], rpc_timeout=60, retry_timeout=30) as client:
+            client.routes.update(journal, old.header())  # old is the primary the client knows
+            old.silent_next = 1
+            started = time.monotonic()
+            result = await client.append(journal, b"identified\n", txn=TxnId("p", 1, 1, 1))
+            assert time.monotonic() - started < 10.0  # (the rerouter: ~1-2 s; rpc_timeout 60)
+            assert new.appends == [(journal, b"identified\n")] and result.end == len(b"identified\n")
+            assert client.routes.primary(journal) == new.endpoint
+
+            client.routes.update(journal, old.header())
+            old.silent_next = 1
+            with pytest.raises(errors.CommitUnknown, match="primary moved to"):
+                await asyncio.wait_for(client.append(journal, b"plain\n"), 10.0)
+            assert (journal, b"plain\n") not in new.appends  # an unknown outcome: not re-sent
+            assert not client.pool._watched  # noqa: SLF001 - nothing left watched
+
+
+async def test_a_stalled_append_whose_journal_did_not_move_waits_for_its_timeout() -> None:
+    """Probes that name the same primary abandon nothing: the append ends by its RPC
+    timeout, as before."""
+    journal = "stays/journal"
+    primary, other = FakeBroker("primary"), FakeBroker("other")
+    async with running(primary), running(other):
+        primary.create(journal)
+        other.create(journal)
+        other.header = primary.header  # type: ignore[method-assign] # other's view: primary leads
+        async with Client([primary.endpoint, other.endpoint], rpc_timeout=2.5) as client:
+            client.routes.update(journal, primary.header())
+            primary.silent_next = 1
+            with pytest.raises(errors.CommitUnknown, match="did not answer within 2.5s"):
+                await client.append(journal, b"record\n")
+            assert other.appends == []
+            assert any(type(r).__name__ == "ReadRequest" for r in other.requests)  # it was asked
