@@ -62,6 +62,11 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
         "consumer_keys": counts.get("consumer_keys", 0),
         "consumer_primary_changes": counts.get("consumer_primary_changes", 0),
         "skipped_faults": len(summary.get("run", {}).get("skipped_faults", []) or []),
+        # `quire chaos --hosts`: the fault that takes a primary's host away (isolate-host,
+        # kill-host) -> the first ok append on its journal invoked after it.
+        "host_recovery": {kind: {k: r.get(k) for k in ("faults", "recovered", "p50", "max")}
+                          for kind, r in ((summary.get("run") or {}).get("host_recovery")
+                                          or {}).items()},
         "error": summary.get("error", ""),
     }
 
@@ -70,11 +75,24 @@ def _s(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
+def _host_kinds(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted({k for r in rows for k in (r.get("host_recovery") or {})})
+
+
+def _host_cell(r: dict[str, Any], kind: str) -> str:
+    h = (r.get("host_recovery") or {}).get(kind)
+    if not h:
+        return "—"
+    return f"{_s(h['p50'])} / {_s(h['max'])} ({h['recovered']}/{h['faults']})"
+
+
 def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
-    """Markdown: one line per seed, then the totals. Pure."""
+    """Markdown: one line per seed, then the totals (with a column per host fault kind
+    when the runs were on simulated hosts). Pure."""
+    hosts = _host_kinds(rows)
     head = ["seed", "acked", "faults (/min)", "faults by kind",
             *(_SHORT[k] for k in SAFETY_KEYS), "holes", "c-keys / primary changes",
-            "kill→ack p50 / max s", "liveness", "safe"]
+            "kill→ack p50 / max s", *(f"{k}→ack p50 / max s" for k in hosts), "liveness", "safe"]
     out = [f"**{title}**", ""] if title else []
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -89,7 +107,7 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             *(str(r["safety"][k]) for k in SAFETY_KEYS), str(r.get("holes", 0)),
             f"{r.get('consumer_keys', 0)} / {r.get('consumer_primary_changes', 0)}",
             f"{_s(r['recovery_p50'])} / {_s(r['recovery_max'])} ({r['recovered']}/{r['kills']})",
-            live, "yes" if r["safe"] else "**NO**"]) + " |")
+            *(_host_cell(r, k) for k in hosts), live, "yes" if r["safe"] else "**NO**"]) + " |")
     ok = [r for r in rows if not r.get("error")]
     if ok:
         maxes = [r["recovery_max"] for r in ok if r["recovery_max"] is not None]
@@ -103,9 +121,17 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             f"{sum(r.get('consumer_keys', 0) for r in ok)} / "
             f"{sum(r.get('consumer_primary_changes', 0) for r in ok)}",
             f"max {_s(max(maxes) if maxes else None)}",
+            *(_host_total(ok, k) for k in hosts),
             f"{sum(1 for r in ok if r['unavailable_after_heal'] or r['stale_heads'])} runs not ok",
             f"{sum(1 for r in ok if r['safe'])}/{len(rows)} safe"]) + " |")
     return "\n".join(out) + "\n"
+
+
+def _host_total(rows: list[dict[str, Any]], kind: str) -> str:
+    hs = [h for r in rows if (h := (r.get("host_recovery") or {}).get(kind))]
+    maxes = [h["max"] for h in hs if h.get("max") is not None]
+    return (f"max {_s(max(maxes) if maxes else None)} "
+            f"({sum(h['recovered'] or 0 for h in hs)}/{sum(h['faults'] or 0 for h in hs)})")
 
 
 def write_into(doc: Path, block: str) -> None:
@@ -143,7 +169,10 @@ def run_campaign(base: ChaosConfig, seeds: list[int], out_dir: Path | None = Non
         rows.append(row)
         progress(f"seed {seed}: safe={row['safe']} acked={row['acknowledged']} "
                  f"faults={row['faults']} ({row['faults_per_min']}/min) "
-                 f"recovery max={row['recovery_max']} wall={row['wall']}s {row['error']}")
+                 f"recovery max={row['recovery_max']} "
+                 + "".join(f"{k} max={h['max']} ({h['recovered']}/{h['faults']}) "
+                           for k, h in row["host_recovery"].items())
+                 + f"wall={row['wall']}s {row['error']}")
     return rows
 
 

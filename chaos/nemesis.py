@@ -261,9 +261,12 @@ class Nemesis:
                                           self.cluster.worker]
         if self.consumers is not None:
             services += self.consumers.services
+        await self._revive([svc for svc in services if svc is not None])
+
+    async def _revive(self, services: list[Service]) -> None:
+        """Paused services resumed, dead ones started again (a failure is logged: the
+        run's liveness check then says what stayed down)."""
         for svc in services:
-            if svc is None:
-                continue
             if svc.paused:
                 svc.resume()
             if not svc.running:

@@ -129,14 +129,7 @@ class HostNemesis(Nemesis):
         """Links up, partitions gone, paused processes resumed, dead ones started."""
         cluster: Any = self.cluster
         cluster.harness.heal_all()
-        for svc in self._all_services():
-            if svc.paused:
-                svc.resume()
-            if not svc.running:
-                try:
-                    await self._restart(svc)
-                except ServiceError as exc:
-                    log.error("net_faults.heal_failed", service=svc.name, error=str(exc)[:500])
+        await self._revive(self._all_services())
 
 
 def isolation_recovery(faults: Sequence[FaultRecord], ops: Sequence[Op]) -> dict[str, Any]:

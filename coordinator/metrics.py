@@ -100,6 +100,11 @@ SPOOL_WRITE_ERRORS = Counter("quire_spool_write_errors_total",
                              "(spool_health.py).", ["reason"])
 SPOOL_HEALTH = Gauge("quire_spool_health", "The spool's health: 0 ok, 1 full (appends refused "
                      "until room returns), 2 failed (journals moved away).")
+READBACK_FAILURES = Counter("quire_fragment_readback_failures_total",
+                            "Closed local fragments that could not be read back whole for a "
+                            "persist worker, by reason (length, checksum, eio, other): each "
+                            "copy was dropped as lost here, never uploaded (readback.py).",
+                            ["reason"])
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",

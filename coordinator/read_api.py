@@ -37,8 +37,10 @@ from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
 from . import metrics
+from .readback import check_copy, lose_copy
 from .read_relay import METADATA_SENT, READ_CHUNK, connect_member, fill_gap, proxy_read, stream_stored
 from .replica import lineage_agrees_until
+from .spool_health import reason_of
 
 log = get_logger(__name__)
 
@@ -222,12 +224,24 @@ async def serve_fetch(broker, conn: FrameStream, req: FetchFragmentRequest) -> b
                                               else Status.OFFSET_NOT_YET_AVAILABLE,
                                               message="no such closed fragment here"))
         return True
+    # Read back and checked first: a copy that is short, corrupt or unreadable is
+    # dropped as lost here and never handed out (readback.py).
+    why = await check_copy(broker, replica, lf)
+    if why:
+        await conn.send(FetchFragmentResponse(status=Status.OFFSET_NOT_YET_AVAILABLE,
+                                              message=f"this member's copy is lost: {why}"))
+        return True
     await conn.send(FetchFragmentResponse())
     size, pos = lf.fragment.end - lf.fragment.begin, 0
     while pos < size:
-        data = lf.file.read_at(pos, min(FETCH_CHUNK, size - pos))
+        try:
+            data = lf.file.read_at(pos, min(FETCH_CHUNK, size - pos))
+        except OSError as exc:
+            lose_copy(broker, replica, lf, reason_of(exc), f"{type(exc).__name__}: {exc}")
+            return False  # no end-of-content frame: the worker never takes it as whole
         if not data:
-            break
+            lose_copy(broker, replica, lf, "length", f"{pos} bytes read, the fragment has {size}")
+            return False
         conn.write(FragmentContent(), data)
         pos += len(data)
         await conn.drain()

@@ -73,8 +73,9 @@ class SpoolFile(Protocol):
     def truncate(self, size: int) -> None: ...
     def seal(self, fragment: Fragment) -> None:
         """The fragment is closed: no more writes; keep the bytes (maybe under a new name)."""
-    def discard(self) -> None:
-        """Release the bytes for good (after persistence, or when dropped)."""
+    def discard(self, recycle: bool = True) -> None:
+        """Release the bytes for good (after persistence, or when dropped); `recycle`
+        False: never reuse the file (a copy that could not be read back)."""
 
 
 class FileFactory(Protocol):
@@ -106,7 +107,7 @@ class MemoryFile:
     def seal(self, fragment: Fragment) -> None:
         pass
 
-    def discard(self) -> None:
+    def discard(self, recycle: bool = True) -> None:
         self.buf = bytearray()
 
 
@@ -244,7 +245,7 @@ class DiskFile:
         os.rename(self.path, sealed)
         self.path = str(sealed)
 
-    def discard(self) -> None:
+    def discard(self, recycle: bool = True) -> None:
         if self._fd < 0:
             return
         self._held = []  # released for good: nothing will read them
@@ -254,7 +255,7 @@ class DiskFile:
             except OSError:
                 pass
         fd, path, self._fd, self.path = self._fd, self.path, -1, None
-        if self._files is not None and path and self._files.recycle(fd, path):
+        if recycle and self._files is not None and path and self._files.recycle(fd, path):
             return
         try:
             os.close(fd)

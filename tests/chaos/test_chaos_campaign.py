@@ -42,3 +42,19 @@ def test_table_and_doc_block(tmp_path: Path) -> None:
     other = tmp_path / "o.md"
     write_into(other, "t\n")
     assert BEGIN in other.read_text()
+
+
+def test_host_recovery_columns() -> None:
+    hosted = _summary()
+    hosted["run"]["host_recovery"] = {
+        "isolate-host": {"faults": 3, "recovered": 3, "p50": 5.0, "max": 6.9, "each": [1, 2, 3]},
+        "kill-host": {"faults": 2, "recovered": 1, "p50": 4.0, "max": 4.5, "each": [4.5]}}
+    rows = [row_of(1, 60.0, hosted, 1.0), row_of(2, 60.0, _summary(), 1.0)]
+    assert rows[0]["host_recovery"]["isolate-host"] == {"faults": 3, "recovered": 3,
+                                                         "p50": 5.0, "max": 6.9}
+    lines = table(rows).strip().splitlines()
+    assert "isolate-host→ack p50 / max s" in lines[0] and "kill-host→ack" in lines[0]
+    assert "| 5.0 / 6.9 (3/3) | 4.0 / 4.5 (1/2) |" in lines[2]
+    assert "| — | — |" in lines[3]
+    assert "max 6.9 (3/3)" in lines[-1] and "max 4.5 (1/2)" in lines[-1]
+    assert "isolate-host" not in table([rows[1]])

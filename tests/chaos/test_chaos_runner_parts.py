@@ -68,6 +68,9 @@ async def test_tracing_client_forwards_every_argument_of_the_clients_append_once
     attempts: list[str] = []
     _attempts.set(attempts)
     tracing = object.__new__(TracingClient)
-    await TracingClient._append_once(tracing, *call.values())
+    params = list(real.parameters.values())[1:]
+    positional = [call[p.name] for p in params if p.kind is not p.KEYWORD_ONLY]
+    keywords = {p.name: call[p.name] for p in params if p.kind is p.KEYWORD_ONLY}
+    await TracingClient._append_once(tracing, *positional, **keywords)
     assert {k: v for k, v in seen[0].items() if k != "self"} == call
     assert attempts == ["<endpoint>: OK"]

@@ -10,7 +10,8 @@ and errfs passes through to a directory on such a tmpfs.
 * `tmpfs(size)` — a tmpfs of `size` bytes; `fill(path, leave)` then takes all but
   `leave` bytes of it with a ballast file (removed to give the room back).
 * `errfs(size)` — errfs (tools/services/errfs.py) over a tmpfs of `size` bytes; its
-  `fail("eio" | "erofs")` makes every later write fail with that error, `heal()` stops it.
+  `fail("eio" | "erofs")` makes every later write fail with that error, `fail_reads(name)`
+  every read of one file, `heal()` stops it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ class ErrFs:
             raise ValueError(f"errfs mode must be eio or erofs, not {mode!r}")
         self._write(mode)
 
+    def fail_reads(self, name: str) -> None:
+        """Every read of a file whose path contains `name` fails with EIO (mount it
+        with direct_io, or cached pages may answer instead)."""
+        if not name or ":" in name:
+            raise ValueError(f"errfs read target must be a non-empty name without ':', not {name!r}")
+        self._write(f"eio-read:{name}")
+
     def heal(self) -> None:
         self._write("ok")
 
@@ -106,8 +114,9 @@ class ErrFs:
 
 
 @contextlib.contextmanager
-def errfs(size: int = 64 << 20, name: str = "spool") -> Iterator[ErrFs]:
-    """errfs over a tmpfs of `size` bytes, at a unique mount point; unmounted after."""
+def errfs(size: int = 64 << 20, name: str = "spool", direct_io: bool = False) -> Iterator[ErrFs]:
+    """errfs over a tmpfs of `size` bytes, at a unique mount point; unmounted after.
+    `direct_io`: the kernel caches no content, so every read reaches errfs."""
     with tmpfs(size, "backing") as backing:
         base = backing.parent
         mnt = base / name
@@ -116,7 +125,7 @@ def errfs(size: int = 64 << 20, name: str = "spool") -> Iterator[ErrFs]:
         control.write_text("ok")
         service = Service(f"errfs-{uuid.uuid4().hex[:6]}",
                           [sys.executable, "-m", "tools.services.errfs", str(backing), str(mnt),
-                           str(control)],
+                           str(control), *(["--direct-io"] if direct_io else [])],
                           probe=lambda: os.path.ismount(mnt), ready_timeout=30.0)
         try:
             service.start()

@@ -4,7 +4,11 @@
 (foreground: the mount lives as long as the process) and reads CONTROL, a file outside
 the mount, before every modifying operation: empty or "ok" passes everything through;
 "eio" or "erofs" fails every write, create, truncate, rename, unlink and mkdir with that
-error, as a failing disk or a filesystem remounted read-only would. Reads always pass.
+error, as a failing disk or a filesystem remounted read-only would; "eio-read:NAME"
+fails every read of a file whose path contains NAME with EIO (a bad sector under one
+file) and passes everything else. Other reads always pass. With `--direct-io` (a
+fourth argument) the kernel caches no file content, so every read reaches this process
+(without it, pages written through the mount may be served from the page cache).
 The kernel's writeback cache is off (libfuse's default), so a pwrite reaches this
 process and its error reaches the writer's pwrite — what the spool sees on a real
 failing disk once the page cache stops hiding it. Used by tests/faults/ and the chaos
@@ -29,25 +33,39 @@ class ErrFS(Operations):
         self.control = control
         self._seen: tuple[float, int] = (-1.0, -1)
         self._mode = 0
+        self._bad_reads = ""
 
     def _path(self, path: str) -> str:
         return os.path.join(self.source, path.lstrip("/"))
 
-    def _check(self) -> None:
-        """Raise the configured error, if any (CONTROL re-read when it changed)."""
+    def _load(self) -> None:
+        """Re-read CONTROL when it changed."""
         try:
             st = os.stat(self.control)
             key = (st.st_mtime, st.st_size)
             if key != self._seen:
                 with open(self.control) as f:
-                    self._mode = _ERRORS.get(f.read().strip().lower(), 0)
+                    text = f.read().strip()
+                mode, _, name = text.partition(":")
+                self._mode = _ERRORS.get(text.lower(), 0)
+                self._bad_reads = name if mode.lower() == "eio-read" and name else ""
                 self._seen = key
         except FileNotFoundError:
-            self._mode = 0
+            self._mode, self._bad_reads = 0, ""
+
+    def _check(self) -> None:
+        """Raise the configured error of modifying operations, if any."""
+        self._load()
         if self._mode:
             raise FuseOSError(self._mode)
 
-    # -- reads (always pass) ---------------------------------------------------------------
+    def _check_read(self, path: str) -> None:
+        """Raise EIO if reads of `path` are set to fail."""
+        self._load()
+        if self._bad_reads and self._bad_reads in path:
+            raise FuseOSError(errno.EIO)
+
+    # -- reads (pass, unless "eio-read:NAME" names the file) --------------------------
 
     def getattr(self, path, fh=None):  # noqa: ANN001, ANN201
         st = os.lstat(self._path(path))
@@ -73,6 +91,7 @@ class ErrFS(Operations):
         return os.open(self._path(path), flags)
 
     def read(self, path, size, offset, fh):  # noqa: ANN001, ANN201
+        self._check_read(path)
         return os.pread(fh, size, offset)
 
     def release(self, path, fh):  # noqa: ANN001, ANN201
@@ -127,12 +146,14 @@ class ErrFS(Operations):
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m tools.services.errfs SOURCE MOUNTPOINT CONTROL", file=sys.stderr)
+    direct_io = argv[3:] == ["--direct-io"]
+    if len(argv) != 3 and not direct_io:
+        print("usage: python -m tools.services.errfs SOURCE MOUNTPOINT CONTROL [--direct-io]",
+              file=sys.stderr)
         return 2
-    source, mountpoint, control = argv
+    source, mountpoint, control = argv[:3]
     FUSE(ErrFS(source, control), mountpoint, foreground=True, nothreads=True,
-         allow_other=True, fsname="quire-errfs")
+         allow_other=True, fsname="quire-errfs", **({"direct_io": True} if direct_io else {}))
     return 0
 
 
