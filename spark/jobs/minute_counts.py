@@ -11,9 +11,13 @@ lines, and their sum is the minute's count. The output journal is created if mis
 
     python -m spark.jobs.minute_counts --selector topic=events --out-journal demo/minute-counts
         [--brokers HOST:PORT] [--store URL] [--checkpoint DIR] [--max-bytes-per-trigger N]
-        [--until-idle]
+        [--until-idle] [--restarts N] [--master spark://HOST:7077 --conf spark.driver.host=ADDRESS]
+        [-O s3.endpoint=http://HOST:9000 -O s3.accessKey=... ...]
 
-`--brokers` defaults to $QUIRE_BROKER, else a running `quire up`'s, `--store` to the first
+`-O` options go to the `quire` source as they are (spark/README.md): executors on other
+hosts read the store with them, not with the driver's environment. `--conf` is Spark
+configuration, as spark-submit's (a driver outside a standalone cluster names the
+address executors reach it at with spark.driver.host). `--brokers` defaults to $QUIRE_BROKER, else a running `quire up`'s, `--store` to the first
 source journal's fragment store. Without `--until-idle` it runs until interrupted.
 """
 
@@ -23,7 +27,7 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 NAME = "minute-counts"
@@ -41,6 +45,8 @@ class StreamParams:
     journal: str = ""
     max_bytes_per_trigger: int = 0
     trigger_seconds: float = 1.0
+    options: dict[str, str] = field(default_factory=dict)
+    """Extra source options (s3.endpoint, s3.accessKey, ...): they travel to executors."""
 
 
 def _client(brokers: str) -> Any:
@@ -85,6 +91,8 @@ def start(spark: Any, params: StreamParams) -> Any:
         reader = reader.option("journals", params.journal)
     if params.max_bytes_per_trigger:
         reader = reader.option("maxBytesPerTrigger", str(params.max_bytes_per_trigger))
+    if params.options:
+        reader = reader.options(**params.options)
     events = reader.schema(SCHEMA).load()
 
     def per_batch(batch: Any, batch_id: int) -> None:
@@ -104,6 +112,42 @@ def start(spark: Any, params: StreamParams) -> Any:
             .trigger(processingTime=f"{params.trigger_seconds} seconds").start())
 
 
+def _run(spark: Any, params: StreamParams, until_idle: bool, restarts: int) -> Any:
+    """Run the query (until idle, or until interrupted); a query that fails is started
+    again from its checkpoint, in this driver (its executors stay), up to `restarts`
+    times. The sink is exactly once per micro-batch, so a restart cannot change the
+    counts. Returns the last query."""
+    from pyspark.errors import StreamingQueryException
+
+    for attempt in range(restarts + 1):
+        query = start(spark, params)
+        try:
+            if until_idle:
+                query.processAllAvailable()
+            else:
+                query.awaitTermination()
+            return query
+        except StreamingQueryException as exc:
+            if attempt == restarts:
+                raise
+            reason = str(exc).splitlines()[0][:300]
+            print(f"{NAME}: query failed ({reason}); restarting from {params.checkpoint} "
+                  f"({attempt + 1} of {restarts})", file=sys.stderr, flush=True)
+        finally:
+            query.stop()
+    raise AssertionError("unreachable")
+
+
+def _pairs(p: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from spark.jobs.common import session
 
@@ -118,26 +162,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", default="")
     p.add_argument("--max-bytes-per-trigger", type=int, default=0)
     p.add_argument("--master", default=None)
+    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="source option, e.g. s3.endpoint=URL (repeatable)")
+    p.add_argument("--conf", "-c", action="append", default=[], metavar="KEY=VALUE",
+                   help="Spark configuration, e.g. spark.driver.host=ADDRESS (repeatable)")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="start a failed query again from its checkpoint, up to N times")
     p.add_argument("--until-idle", action="store_true",
                    help="stop once everything appended so far is counted")
     ns = p.parse_args(argv)
     if not ns.brokers or not (ns.selector or ns.journal):
         p.error("give --brokers (or $QUIRE_BROKER) and --selector or --journal")
+    options, conf = _pairs(p, "--option", ns.option), _pairs(p, "--conf", ns.conf)
     params = prepare(StreamParams(
         brokers=ns.brokers, out_journal=ns.out_journal, store=ns.store, selector=ns.selector,
-        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger,
+        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger, options=options,
         checkpoint=ns.checkpoint or tempfile.mkdtemp(prefix="quire-minute-counts-")))
-    spark = session(f"quire-{NAME}", ns.master)
+    spark = session(f"quire-{NAME}", ns.master, conf)
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        query = start(spark, params)
-        try:
-            if ns.until_idle:
-                query.processAllAvailable()
-            else:
-                query.awaitTermination()
-        finally:
-            query.stop()
+        query = _run(spark, params, ns.until_idle, ns.restarts)
         for progress in query.recentProgress:
             if progress["numInputRows"]:
                 print(f"{NAME}: micro-batch {progress['batchId']}: "

@@ -9,6 +9,9 @@ gives, with executors on both worker hosts; the Dask reader computed on the dist
 scheduler gives exactly the rows of Dask's local scheduler and of the store's content,
 with tasks on both worker hosts.
 
+A streaming query on the standalone cluster, against coordinators on other hosts, is
+tests/spark/test_stream_on_hosts.py.
+
 The Spark test is long (a master, two workers and a driver: four JVMs; 7 min on the
 shared 2-core VM at load 15-22) and runs when QUIRE_TEST_LONG=1; the Dask test (~1 min
 at load 33) runs in CI.
