@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 from tools.secure_cluster import REDIS_ROLES
+from topology.etcd import prefix_end
 from tools.tls_certs import issue_cert, make_local_ca
 
 __all__ = ["COMPOSE_HOSTS", "etcd_init", "make"]
@@ -191,17 +192,6 @@ async def etcd_init(urls: str, root: str, timeout: float = 120.0) -> None:
                     raise SecretsError(f"etcd-init: {what}: {exc.code().name}: {exc.details()}") from None
     finally:
         await client.close()
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The end of etcd's range of every key starting with `prefix`."""
-    b = bytearray(prefix)
-    while b:
-        if b[-1] < 0xFF:
-            b[-1] += 1
-            return bytes(b)
-        b.pop()
-    return b"\0"
 
 
 def main(argv: list[str] | None = None) -> int:
