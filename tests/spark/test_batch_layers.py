@@ -3,7 +3,8 @@ libraries), never another role or the CLI; and no module grows past ~400 lines.
 
 The client library (quire.client) is allowed only where a stream needs the cluster: the
 unpersisted tail of a micro-batch (committed-only reads from the coordinators), the
-driver's write heads and journal listing, and the sink's appends. Batch reads stay
+driver's write heads and journal listing, the sink's appends, and a job target making its
+output journal (jobs/dask_targets.py, as the Celery target does). Batch reads stay
 store-only, so a batch job runs with no broker reachable."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("coordinator", "workers", "quire.client", "tools.cli", "chaos", "tests")
-CLIENT_USERS = {"stream.py", "tail.py", "appender.py", "exactly_once.py", "jobs/minute_counts.py"}
+CLIENT_USERS = {"stream.py", "tail.py", "appender.py", "exactly_once.py", "jobs/minute_counts.py",
+                "jobs/dask_targets.py"}
 """spark/ modules that may import quire.client (streams and the sink; see above)."""
 
 
