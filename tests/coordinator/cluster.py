@@ -182,6 +182,18 @@ class Cluster:
             return ""
 
 
+async def until(cond, timeout: float, what: str, interval: float = 0.2):  # noqa: ANN001, ANN201
+    """Poll a synchronous condition (a listing, another process's observable state) until
+    it is truthy, and return its value; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(interval)
+
+
 async def wait_appendable(endpoint: str, journal: str, timeout: float = 30.0,
                           token: str = "", ssl=None) -> AppendResponse:  # noqa: ANN001
     """Zero-byte appends until one succeeds (the allocator and pulse need a moment)."""

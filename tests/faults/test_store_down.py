@@ -19,6 +19,8 @@ import pytest
 from chaos.proxy import Fault, FaultMode, FaultProxy
 from protocol import Status
 
+from tests.coordinator.cluster import until
+
 from .harness import (Model, alive, append, append_until, check, cluster_on, read_ids, route,
                       wait_health)
 from .persisting import check_whole, direct_store, persist_worker, serve_spec, store_spec, stored_ids
@@ -32,15 +34,6 @@ TAIL = LENGTH // RECORD + 2
 LONG = pytest.mark.skipif(not os.environ.get("QUIRE_TEST_LONG"),
                           reason="long test (the store away for 3 minutes): QUIRE_TEST_LONG=1")
 
-
-async def until(cond, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(interval)  # polling the store's listing, bounded above
 
 
 @pytest.mark.parametrize("outage", [pytest.param(20.0, id="short"),
@@ -63,7 +56,7 @@ async def test_store_down_backpressure_then_persistence_catches_up(
             # Persistence works before the fault: the first rolled fragment reaches the store.
             for _ in range(TAIL):
                 assert await append(c, model, RECORD, via=primary) == Status.OK, model.errors
-            await until(lambda: stored_ids(store), 60, "the first fragment in the store")
+            await until(lambda: stored_ids(store), 60, "the first fragment in the store", 0.5)
 
             proxy.set_fault(Fault(FaultMode.RESET))  # every connection to the store reset
             down_at, acked_up = time.monotonic(), len(model.acked)
@@ -101,7 +94,7 @@ async def test_store_down_backpressure_then_persistence_catches_up(
                     assert time.monotonic() - healed_at < 240, "appends refused after the heal"
                     await asyncio.sleep(0.5)
             await until(lambda: set(checked) <= stored_ids(store), 240,
-                        "every acknowledged record in the store")
+                        "every acknowledged record in the store", 0.5)
             persisted = time.monotonic() - healed_at
             assert check_whole(store) >= len(checked) * RECORD // LENGTH - 1
             print(f"outage {outage:.0f}s: {acked_before - acked_up} acked before the bound; "

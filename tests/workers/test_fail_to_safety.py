@@ -32,7 +32,7 @@ from protocol.fragment import Codec
 from quire.client.client import Client
 from tools.services import CeleryWorkerService, RedisDb
 
-from tests.coordinator.cluster import Cluster, Conn, make_workdir, wait_appendable
+from tests.coordinator.cluster import Cluster, Conn, make_workdir, until, wait_appendable
 
 from .workers_support import REPO, worker_env
 
@@ -42,15 +42,6 @@ J = "safety/never-held"
 FORMING = (Status.INSUFFICIENT_JOURNAL_BROKERS, Status.NO_JOURNAL_PRIMARY_BROKER,
            Status.NOT_JOURNAL_PRIMARY_BROKER, Status.UNAVAILABLE, Status.JOURNAL_NOT_FOUND)
 
-
-async def until(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.2)  # polling other processes' observable state
 
 
 def index_end(redis_db: RedisDb) -> int:
