@@ -115,8 +115,13 @@ async def _prepare(v: Variant, timeout: float = 180.0) -> None:
 def _roles(v: Variant) -> dict[str, int]:
     """The variant's coordinator processes by their part in its journal's route."""
     roles: dict[str, int] = {}
+    replicas = 0
     for endpoint, pid in zip(v.endpoints, v.pids):
-        roles["primary" if endpoint == v.primary else f"replica-{len(roles) + 1}"] = pid
+        if endpoint == v.primary:
+            roles["primary"] = pid
+        else:
+            replicas += 1
+            roles[f"replica-{replicas}"] = pid
     return roles
 
 
