@@ -56,6 +56,8 @@ class BatchResult:
     start: dict[str, int]
     end: dict[str, int]
     parts: int
+    """Read tasks: store spans, and `tails` of them coordinator tails."""
+    tails: int
     appended: list[tuple[str, int, int, int]]
     rerun: bool
     """True when this batch was planned by an earlier driver and is run again."""
@@ -144,8 +146,9 @@ class DaskStreamQuery:
         self.checkpoint.plan(batch)
         return batch, False
 
-    def events(self, start: dict[str, int], end: dict[str, int]) -> tuple[Any, int]:
-        """The messages of [start, end) as a Dask DataFrame (one partition per part)."""
+    def events(self, start: dict[str, int], end: dict[str, int]) -> tuple[Any, list[Any]]:
+        """The messages of [start, end) as a Dask DataFrame (one partition per part),
+        and the parts (spark.planner.Span or spark.offsets.Tail)."""
         import dask.dataframe as dd
 
         from .dask_reader import _types_mapper
@@ -153,10 +156,10 @@ class DaskStreamQuery:
         parts = self.source.plan_parts(start, end)
         meta = self.schema.empty_table().to_pandas(types_mapper=_types_mapper)
         if not parts:
-            return dd.from_pandas(meta, npartitions=1), 0
+            return dd.from_pandas(meta, npartitions=1), parts
         return dd.from_map(read_part, parts, opts=self.options.read,
                            brokers=self.options.brokers, schema=self.schema, meta=meta,
-                           label="quire-stream-read", enforce_metadata=False), len(parts)
+                           label="quire-stream-read", enforce_metadata=False), parts
 
     def run_batch(self) -> BatchResult | None:
         """One trigger: run the next micro-batch (or re-run an uncommitted one)."""
@@ -174,7 +177,9 @@ class DaskStreamQuery:
                             scheduler=self.client)
         fault_stream_commit(batch.batch_id)  # test hook: inert unless QUIRE_SINK_FAULT
         self.checkpoint.commit(batch.batch_id, appended)
-        result = BatchResult(batch.batch_id, batch.start, batch.end, parts, appended, rerun)
+        tails = sum(isinstance(p, Tail) for p in parts)
+        result = BatchResult(batch.batch_id, batch.start, batch.end, len(parts), tails,
+                             appended, rerun)
         self.progress.append(result)
         return result
 

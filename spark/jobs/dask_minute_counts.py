@@ -99,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def report(r: BatchResult) -> None:
         again = " (re-run: planned by an earlier driver)" if r.rerun else ""
         print(f"{NAME}: micro-batch {r.batch_id}{again}: {r.bytes} bytes in {r.parts} "
-              f"parts -> {r.rows_written} counts in {params.out_journal}", flush=True)
+              f"parts ({r.parts - r.tails} from the store, {r.tails} from the coordinators) "
+              f"-> {r.rows_written} counts in {params.out_journal}", flush=True)
 
     with _client(ns.scheduler) as client:
         query = DaskStreamQuery(

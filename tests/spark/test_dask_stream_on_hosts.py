@@ -13,7 +13,8 @@ by the workers), the query counts it in several micro-batches (maxBytesPerTrigge
 second wave is appended and one micro-batch of it runs; then the driver's state is made
 the state a driver killed between a batch's append and its commit leaves (the batch's
 commit removed from the checkpoint; tests/spark/test_dask_stream.py kills a real driver
-there), and a new driver on the checkpoint re-runs that batch and counts the rest. The
+there), a third wave is appended, and a new driver on the checkpoint re-runs that batch
+and counts the rest. The
 summed counts equal the model exactly, the read tasks ran on both worker hosts, and
 every broker advertises its host's address.
 """
@@ -91,13 +92,17 @@ def test_dask_stream_on_a_distributed_cluster_across_hosts(
                 first.stop()
                 # A driver killed after the batch's append, before its commit:
                 (checkpoint / "commits" / str(crashed.batch_id)).unlink()
+                _append(client, _events(450, 200, range(20, 22), 4), want)  # while it is down
                 second = query()
                 rest = second.process_all_available()
                 second.stop()
             ran_on = {str(t["worker"]).removeprefix("tcp://").rpartition(":")[0]
                       for t in tasks.data}
         got, batches = _output(client)
+    assert done[0].parts > done[0].tails  # the first wave's history: read from S3
+    assert any(r.tails for r in done + rest)  # unpersisted tails: from the coordinators
     assert rest[0].batch_id == crashed.batch_id and rest[0].rerun
+    assert len(rest) > 1 and not any(r.rerun for r in rest[1:])
     assert rest[0].appended == crashed.appended  # answered with the first append's commit
     assert got == want  # nothing lost, nothing twice
     assert sorted(set(batches)) == list(range(rest[-1].batch_id + 1))
