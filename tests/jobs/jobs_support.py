@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ class Writer(threading.Thread):
         self.stop_flag = threading.Event()
         self.sent = {j: 0 for j in journals}
         self.errors: list[str] = []
+        self.stopped = False
 
     def run(self) -> None:
         n = 0
@@ -87,8 +89,13 @@ class Writer(threading.Thread):
             self.stop_flag.wait(0.1)
 
     def stop(self) -> None:
+        """Stop appending and close the client (once: a second call does nothing)."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.stop_flag.set()
-        self.join(30)
+        if self.is_alive():
+            self.join(30)
         self.client.close()
 
 
@@ -254,3 +261,29 @@ class Cluster:
 
 def decode_run(raw: bytes) -> JobRun:
     return msgspec.json.decode(raw, type=JobRun)
+
+
+@contextmanager
+def single_job_cluster(etcd: EtcdService, root: str, redis_url: str,
+                       tmp: Path) -> Iterator[tuple[Cluster, Writer]]:
+    """One coordinator for every journal, a pulse worker, a jobs worker, beat, and a
+    Writer appending to JOURNALS; the cluster's logs printed if the body fails, and
+    everything stopped afterwards."""
+    cluster = Cluster(etcd=etcd, root=root, redis_url=redis_url, tmp=tmp)
+    writer = None
+    try:
+        cluster.start_single()
+        cluster.start_worker(concurrency=4, queues=("pulse",))
+        cluster.start_worker(concurrency=4)
+        cluster.start_beat()
+        writer = Writer(cluster.endpoints, JOURNALS)
+        writer.start()
+        yield cluster, writer
+    except BaseException:
+        print(cluster.dump(60))
+        raise
+    finally:
+        if writer is not None:
+            writer.stop()
+        cluster.close()
+

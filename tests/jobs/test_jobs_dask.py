@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from protocol.job import RunState
-from tests.jobs.jobs_support import JOURNALS, OUTPUT, WINDOW, Cluster, Writer, wait_until
+from tests.jobs.jobs_support import JOURNALS, OUTPUT, WINDOW, single_job_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -24,15 +24,7 @@ TARGET = {"kind": "dask", "name": "spark.jobs.dask_targets:window_counts"}
 
 def test_dask_target_writes_each_window_once_across_a_retry(etcd, etcd_root, redis_db,
                                                              tmp_path) -> None:
-    cluster = Cluster(etcd=etcd, root=etcd_root, redis_url=redis_db.url, tmp=tmp_path)
-    writer = None
-    try:
-        cluster.start_single()
-        cluster.start_worker(concurrency=4, queues=("pulse",))
-        cluster.start_worker(concurrency=4)
-        cluster.start_beat()
-        writer = Writer(cluster.endpoints, JOURNALS)
-        writer.start()
+    with single_job_cluster(etcd, etcd_root, redis_db.url, tmp_path) as (cluster, writer):
         cluster.apply_job({"name": "dask", "selector": "topic=job-events",
                            "window": f"{WINDOW}s", "output": OUTPUT, "target": TARGET,
                            "args": {"field": "key", "fail_attempts": 1}, "retries": 3,
@@ -46,7 +38,6 @@ def test_dask_target_writes_each_window_once_across_a_retry(etcd, etcd_root, red
         cluster.cli("jobs", "delete", "dask")  # no new runs while the output is checked
         writer.stop()
         assert not writer.errors[:1], writer.errors[:3]
-        writer = None
 
         rows = [x for x in cluster.output_rows(OUTPUT) if x.get("job") == "dask"]
         seen = Counter((x["window_start"], x["journal"], x["key"]) for x in rows)
@@ -65,10 +56,3 @@ def test_dask_target_writes_each_window_once_across_a_retry(etcd, etcd_root, red
             for journal, (begin, end) in (run.ranges or {}).items():
                 assert sum(x["messages"] for x in mine if x["journal"] == journal) == \
                     cluster.lines_in(journal, begin, end), (run.window_start, journal)
-    except BaseException:
-        print(cluster.dump(60))
-        raise
-    finally:
-        if writer is not None:
-            writer.stop()
-        cluster.close()
