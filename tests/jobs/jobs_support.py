@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from protocol import FragmentSpec, JournalSpec, LabelSet
+from protocol.errors import JournalNotFound
 from protocol.job import JobRun
 from quire.client import SyncClient
 from tests.workers.workers_support import REPO, _run, coordinator, worker_env
@@ -243,7 +244,7 @@ class Cluster:
         assert self.client is not None
         try:
             data = self.client.read_all(journal, 0)
-        except Exception:  # noqa: BLE001 - not created yet
+        except JournalNotFound:  # not created yet (any other error fails the test)
             return []
         return [json.loads(line) for line in data.splitlines() if line.strip()]
 
