@@ -23,8 +23,8 @@ import shutil
 import subprocess
 import tempfile
 
-from bench.common import (append_once, coordinator_argv, drive, hello, hello_when_up,
-                          stop_processes, write_json)
+from bench.common import (append_once, coordinator_argv, cpu_snapshot, drive, hello,
+                          hello_when_up, stop_processes, write_json)
 from protocol import (
     AppendResponse, ApplyChange, ApplyRequest,
     ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse, Status,
@@ -37,23 +37,6 @@ JOURNAL = "bench/append"
 
 async def _append(s: FrameStream, data: bytes) -> AppendResponse:
     return await append_once(s, JOURNAL, data)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """user + sys CPU of a process so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
-    out = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-    t = os.times()
-    out["client"] = t.user + t.system
-    return out
 
 
 async def _load(endpoint: str, size: int, conns: int, seconds: float) -> tuple[int, float]:
@@ -86,9 +69,9 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
     roles = {"primary" if f"node-{i}" == suffix else f"replica-{i}": pid for i, pid in enumerate(pids)}
 
     async def phase(size: int, conns: int) -> dict:
-        before = _cpu_snapshot(roles)
+        before = cpu_snapshot(roles)
         n, t = await _load(primary, size, conns, args.seconds)
-        after = _cpu_snapshot(roles)
+        after = cpu_snapshot(roles)
         cpu = {k: round((after[k] - before[k]) / max(n, 1) * 1e6, 1) for k in after}
         cpu["total"] = round(sum(cpu.values()), 1)
         return {"append_bytes": size, "connections": conns, "appends": n, "seconds": round(t, 2),
@@ -105,10 +88,10 @@ async def _run(args: argparse.Namespace, endpoints: list[str], pids: list[int]) 
         by_role: dict[str, dict[str, float]] = {}
         for r in range(rounds * 2):
             kind = ("plain", "identified")[r % 2]
-            before = _cpu_snapshot(roles)
+            before = cpu_snapshot(roles)
             n, t = await drive(streams, JOURNAL, data, args.seconds / rounds,
                                producer="bench" if kind == "identified" else "", close=False)
-            after = _cpu_snapshot(roles)
+            after = cpu_snapshot(roles)
             cpu[kind] += sum(after[k] - before[k] for k in after)
             for k in after:
                 by_role.setdefault(kind, {}).setdefault(k, 0.0)

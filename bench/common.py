@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from typing import Any
 from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, Hello, HelloAck
 from protocol.stream import FrameStream
 
-__all__ = ["coordinator_argv", "hello", "hello_when_up", "stop_processes", "write_json"]
+__all__ = ["coordinator_argv", "cpu_snapshot", "hello", "hello_when_up", "stop_processes",
+           "write_json"]
 
 
 def coordinator_argv(*, zone: str, suffix: str, listen: str, etcd_url: str, root: str,
@@ -28,6 +30,24 @@ def coordinator_argv(*, zone: str, suffix: str, listen: str, etcd_url: str, root
             "--listen", listen, "--etcd", etcd_url, "--root", root,
             "--spool-dir", spool_dir, "--log-level", "WARNING",
             "--log-format", "json", *extra]
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU of a process so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process, and of this one as "client"."""
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    t = os.times()
+    out["client"] = t.user + t.system
+    return out
 
 
 def stop_processes(procs: Iterable[subprocess.Popen]) -> None:

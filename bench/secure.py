@@ -1,6 +1,6 @@
 """R=3 64 KiB appends with auth and TLS on, beside plain TCP, in the same run.
 
-    python -m bench.secure [--seconds 3] [--rounds 2] [--json OUT]
+    python -m bench.secure [--seconds 3] [--rounds 2] [--uvloop-client] [--json OUT]
 
     from bench.secure import secure_figures
     fig = secure_figures(seconds=3.0)   # {"plain": {...}, "auth": {...}, "tls": {...}, "ratios": {...}}
@@ -17,6 +17,11 @@ every variant alike; the figures are the best round of each, and the ratios comp
 them to plain. Tokens are checked once per connection (at Hello), so `auth` should cost
 next to nothing; TLS costs encryption of every byte on three hops (client → primary →
 two replicas).
+
+Each phase also reports the CPU time (user + sys, µs) every process spent per append —
+the client (this process), the journal's primary and its two replicas — and `cpu_ratios`
+compares their totals to plain's: on a shared machine the rates swing with the others'
+load, the CPU per append much less, and it says where a variant's cost goes.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import append_once, coordinator_argv, drive, hello, stop_processes, write_json
+from bench.common import (append_once, coordinator_argv, cpu_snapshot, drive, hello,
+                          stop_processes, write_json)
 from protocol import (
     AppendResponse, ApplyChange, ApplyRequest,
     ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse,
@@ -61,6 +67,7 @@ class Variant:
     token: str = ""
     ssl: ssl_module.SSLContext | None = None
     primary: str = ""
+    pids: list[int] = field(default_factory=list)
     rounds: list[dict] = field(default_factory=list)
 
 
@@ -105,11 +112,32 @@ async def _prepare(v: Variant, timeout: float = 180.0) -> None:
     v.primary = v.endpoints[int(suffix.rpartition("-")[2])]
 
 
+def _roles(v: Variant) -> dict[str, int]:
+    """The variant's coordinator processes by their part in its journal's route."""
+    roles: dict[str, int] = {}
+    replicas = 0
+    for endpoint, pid in zip(v.endpoints, v.pids):
+        if endpoint == v.primary:
+            roles["primary"] = pid
+        else:
+            replicas += 1
+            roles[f"replica-{replicas}"] = pid
+    return roles
+
+
 async def _phase(v: Variant, seconds: float) -> dict:
     streams = [await _hello(v, v.primary) for _ in range(CONNS)]
-    count, elapsed = await drive(streams, JOURNAL, os.urandom(SIZE), seconds)
+    roles = _roles(v)
+    before = cpu_snapshot(roles)
+    count, elapsed = await drive(streams, JOURNAL, os.urandom(SIZE), seconds, close=False)
+    after = cpu_snapshot(roles)
+    for s in streams:
+        await s.close()
+    cpu = {k: round((after[k] - before[k]) / max(count, 1) * 1e6) for k in after}
+    cpu["total"] = sum(cpu.values())
     return {"appends": count, "seconds": round(elapsed, 2),
-            "mb_s": round(count * SIZE / elapsed / 1e6, 1), "load_avg_1m": os.getloadavg()[0]}
+            "mb_s": round(count * SIZE / elapsed / 1e6, 1), "load_avg_1m": os.getloadavg()[0],
+            "cpu_us_per_append": cpu}
 
 
 async def _drive(variants: list[Variant], seconds: float, rounds: int) -> None:
@@ -121,8 +149,9 @@ async def _drive(variants: list[Variant], seconds: float, rounds: int) -> None:
             v.rounds.append(await _phase(v, seconds))
 
 
-def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
-    """Run the three clusters side by side; returns the figures (see the module doc)."""
+def secure_figures(seconds: float = 3.0, rounds: int = 2, uvloop_client: bool = False) -> dict:
+    """Run the four clusters side by side; returns the figures (see the module doc).
+    `uvloop_client`: the client's loop is uvloop too (the coordinators' always is)."""
     work = tempfile.mkdtemp(prefix="quire-bench-secure-")
     procs: list[subprocess.Popen] = []
     try:
@@ -153,7 +182,7 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
                 for i in range(3):
                     v.endpoints.append(f"127.0.0.1:{free_port()}")
                     log = open(os.path.join(work, f"{v.name}-{i}.log"), "wb")  # noqa: SIM115
-                    procs.append(subprocess.Popen(
+                    procs.append(proc := subprocess.Popen(
                         coordinator_argv(zone=f"z{i % 2}", suffix=f"{v.name}-node-{i}",
                                          listen=v.endpoints[-1],
                                          etcd_url=tls_etcd.url if secure else etcd.url,
@@ -162,35 +191,58 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2) -> dict:
                                          extra=extra[v.name]),
                         stdout=log, stderr=subprocess.STDOUT,
                         env={**os.environ, **etcd_env} if secure else None))
+                    v.pids.append(proc.pid)
                     log.close()
-            asyncio.run(_drive(variants, seconds, rounds))
+            if uvloop_client:
+                import uvloop
+
+                uvloop.run(_drive(variants, seconds, rounds))
+            else:
+                asyncio.run(_drive(variants, seconds, rounds))
     finally:
         stop_processes(procs)
         if not os.environ.get("QUIRE_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
     out: dict = {"benchmark": "append_r3_64k_secure", "append_bytes": SIZE, "connections": CONNS,
-                 "rounds": rounds, "seconds_per_phase": seconds}
+                 "rounds": rounds, "seconds_per_phase": seconds,
+                 "client_loop": "uvloop" if uvloop_client else "asyncio"}
     for v in variants:
         best = max(v.rounds, key=lambda r: r["mb_s"])
-        out[v.name] = {**best, "all_mb_s": [r["mb_s"] for r in v.rounds]}
+        out[v.name] = {**best, "all_mb_s": [r["mb_s"] for r in v.rounds],
+                       "all_cpu_us": [r["cpu_us_per_append"]["total"] for r in v.rounds]}
     plain = out["plain"]["mb_s"] or 1.0
     out["ratios"] = {f"{name}_vs_plain": round(out[name]["mb_s"] / plain, 2)
                      for name in ("auth", "tls", "secure")}
+    # Plain's CPU per append over each variant's (medians of the rounds): the throughput
+    # ratio these costs allow on a CPU-bound machine, steadier than the rates themselves.
+    plain_cpu = _median(out["plain"]["all_cpu_us"]) or 1
+    out["cpu_ratios"] = {
+        f"{name}_vs_plain": round(plain_cpu / max(_median(out[name]["all_cpu_us"]), 1), 2)
+        for name in ("auth", "tls", "secure")}
     return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.secure")
     ap.add_argument("--seconds", type=float, default=3.0, help="seconds per phase")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--uvloop-client", action="store_true",
+                    help="run the client on uvloop too (the coordinators always are)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
-    fig = secure_figures(args.seconds, args.rounds)
+    fig = secure_figures(args.seconds, args.rounds, args.uvloop_client)
     for name in VARIANTS:
         r = fig[name]
         print(f"64 KiB appends, R=3, {CONNS} connections, {name:6s}: {r['mb_s']:7.1f} MB/s  "
-              f"(rounds {r['all_mb_s']}, load {r['load_avg_1m']:.1f})")
+              f"(rounds {r['all_mb_s']}, load {r['load_avg_1m']:.1f}; CPU µs/append "
+              f"{r['cpu_us_per_append']}, totals by round {r['all_cpu_us']})")
     print(f"ratios: {fig['ratios']}")
+    print(f"CPU ratios (plain's CPU per append / the variant's, medians): {fig['cpu_ratios']}")
     write_json(args.json, fig)
     return 0
 

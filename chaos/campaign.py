@@ -12,7 +12,6 @@ Row building and rendering are pure; `run_campaign` is the thin loop around them
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import platform
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .bounded import run as bounded_run
 from .checker import SAFETY_KEYS
 from .runner import ChaosConfig, run_chaos
 
@@ -58,6 +58,7 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
         "recovery_p50": rec.get("p50"), "recovery_max": rec.get("max"),
         "unavailable_after_heal": counts.get("unavailable_after_heal", 0),
         "stale_heads": counts.get("stale_heads", 0),
+        "harness_stalls": counts.get("harness_stalls", 0),
         "holes": counts.get("holes", 0),
         "consumer_keys": counts.get("consumer_keys", 0),
         "consumer_primary_changes": counts.get("consumer_primary_changes", 0),
@@ -69,6 +70,12 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
                                           or {}).items()},
         "error": summary.get("error", ""),
     }
+
+
+def _not_ok(r: dict[str, Any]) -> bool:
+    """Liveness: a journal down after healing, a stale head, or a harness wait that hit
+    its bound (chaos/bounded.py)."""
+    return bool(r["unavailable_after_heal"] or r["stale_heads"] or r.get("harness_stalls"))
 
 
 def _s(v: float | None) -> str:
@@ -100,8 +107,9 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             out.append(f"| {r['seed']} | run failed: {r['error']} |" + " |" * (len(head) - 2))
             continue
         kinds = ", ".join(f"{k} {n}" for k, n in r["by_kind"].items())
-        live = ("ok" if not r["unavailable_after_heal"] and not r["stale_heads"] else
-                f"{r['unavailable_after_heal']} unavailable, {r['stale_heads']} stale")
+        live = ("ok" if not _not_ok(r) else
+                f"{r['unavailable_after_heal']} unavailable, {r['stale_heads']} stale"
+                + (f", {r['harness_stalls']} harness stalls" if r.get("harness_stalls") else ""))
         out.append("| " + " | ".join([
             str(r["seed"]), f"{r['acknowledged']:,}", f"{r['faults']} ({r['faults_per_min']})", kinds,
             *(str(r["safety"][k]) for k in SAFETY_KEYS), str(r.get("holes", 0)),
@@ -122,7 +130,7 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             f"{sum(r.get('consumer_primary_changes', 0) for r in ok)}",
             f"max {_s(max(maxes) if maxes else None)}",
             *(_host_total(ok, k) for k in hosts),
-            f"{sum(1 for r in ok if r['unavailable_after_heal'] or r['stale_heads'])} runs not ok",
+            f"{sum(1 for r in ok if _not_ok(r))} runs not ok",
             f"{sum(1 for r in ok if r['safe'])}/{len(rows)} safe"]) + " |")
     return "\n".join(out) + "\n"
 
@@ -158,7 +166,7 @@ def run_campaign(base: ChaosConfig, seeds: list[int], out_dir: Path | None = Non
             Path(base.workdir) / f"seed-{seed}") if base.workdir else None)
         started = time.monotonic()
         try:
-            report, meta = asyncio.run(run_chaos(cfg))
+            report, meta = bounded_run(run_chaos(cfg))
             summary = {**report.to_json(), "run": meta}
         except Exception as exc:  # noqa: BLE001 - one broken run must not end the campaign
             summary = {"error": repr(exc)[:200]}

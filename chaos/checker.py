@@ -107,6 +107,13 @@ class Report:
         self.examples.update(examples)
         self.consumers = shards
 
+    def add_stalls(self, stalls: list[str]) -> None:
+        """Waits of the harness that did not finish within their bound (chaos/bounded.py):
+        liveness of the run (not a safety count), each named with where it was stuck."""
+        self.counts["harness_stalls"] = len(stalls)
+        if stalls:
+            self.examples["harness_stalls"] = stalls[:_EXAMPLES]
+
     @property
     def safe(self) -> bool:
         return all(self.counts[k] == 0 for k in SAFETY_KEYS)
@@ -123,7 +130,7 @@ class _Tally:
         self.counts: dict[str, int] = {k: 0 for k in SAFETY_KEYS}
         self.counts.update(indefinite_visible=0, indefinite_absent=0, garbage_bytes=0, holes=0,
                            fragments_checked=0, stale_heads=0,
-                           unavailable_after_heal=0, reconstructed=0)
+                           unavailable_after_heal=0, reconstructed=0, harness_stalls=0)
         self.examples: dict[str, list[str]] = {}
 
     def add(self, key: str, example: str, n: int = 1) -> None:

@@ -144,6 +144,18 @@ class CoordinatorService(Service):
         raise ServiceError(f"no VmRSS for pid {self.pid}")
 
 
+def cluster_env(base: dict[str, str], root: str, s3: Any, redis: Any, etcd: Any) -> dict[str, str]:
+    """The environment of a cluster's processes: `base`, then the client settings of
+    each service started (None: not started), etcd's with the cluster's root."""
+    env = dict(base)
+    for svc in (s3, redis, etcd):
+        if svc is not None:
+            env.update(svc.client_env())
+    if etcd is not None:
+        env["QUIRE_ETCD_ROOT"] = root
+    return env
+
+
 class LocalCluster:
     """etcd (+ redis, S3, a worker) and `n` coordinators spread over `zones`."""
 
@@ -175,15 +187,7 @@ class LocalCluster:
         return [c.endpoint for c in self.coordinators]
 
     def service_env(self) -> dict[str, str]:
-        env = dict(self.env)
-        if self.s3 is not None:
-            env.update(self.s3.client_env())
-        if self.redis is not None:
-            env.update(self.redis.client_env())
-        if self.etcd is not None:
-            env.update(self.etcd.client_env())
-            env["QUIRE_ETCD_ROOT"] = self.root
-        return env
+        return cluster_env(self.env, self.root, self.s3, self.redis, self.etcd)
 
     def start(self) -> LocalCluster:
         try:

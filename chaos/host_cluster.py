@@ -30,7 +30,7 @@ from tools.hosts import Host, HostHarness
 from tools.services import CeleryWorkerService, RedisService, S3Service, ServiceError
 from tools.services.etcd import EtcdCluster
 
-from .cluster import CoordinatorService
+from .cluster import CoordinatorService, cluster_env
 
 __all__ = ["HostCluster", "HostCoordinator", "host_zones"]
 
@@ -120,15 +120,7 @@ class HostCluster:
                 for name, what in out.items()}
 
     def service_env(self) -> dict[str, str]:
-        env = dict(self.env)
-        if self.s3 is not None:
-            env.update(self.s3.client_env())
-        if self.redis is not None:
-            env.update(self.redis.client_env())
-        if self.etcd is not None:
-            env.update(self.etcd.client_env())
-            env["QUIRE_ETCD_ROOT"] = self.root
-        return env
+        return cluster_env(self.env, self.root, self.s3, self.redis, self.etcd)
 
     # -- lifecycle ----------------------------------------------------------------
 

@@ -9,7 +9,6 @@ safety count is above zero.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from rich.table import Table
 from protocol.logs import configure_logging
 from tools.services import ServiceError
 
+from .bounded import run as bounded_run
 from .checker import SAFETY_KEYS, Report
 from .runner import ChaosConfig, default_history_path, run_chaos
 from .net_faults import NET_LAYER_KINDS
@@ -61,7 +61,10 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
     console.print(f"liveness: journals unavailable after heal="
                   f"{report.counts['unavailable_after_heal']}, stale heads after heal="
                   f"{report.counts['stale_heads']}, journals completed from replicas/store="
-                  f"{report.counts['reconstructed']}")
+                  f"{report.counts['reconstructed']}, harness stalls="
+                  f"{report.counts.get('harness_stalls', 0)}")
+    for stall in report.examples.get("harness_stalls", []):
+        console.print(f"  [red]harness stall[/] {stall}")
     console.print(f"indefinite appends visible={report.counts['indefinite_visible']} "
                   f"absent={report.counts['indefinite_absent']}; fragments checked="
                   f"{report.counts['fragments_checked']}; peer links proxied="
@@ -176,7 +179,7 @@ def command(
         _campaign(cfg, campaign, campaign_doc, campaign_dir, console)
         return
     try:
-        report, meta = asyncio.run(run_chaos(cfg))
+        report, meta = bounded_run(run_chaos(cfg))
     except (ServiceError, RuntimeError, OSError) as exc:
         console.print(f"[red]chaos: the run could not be set up or checked:[/] {exc}")
         raise typer.Exit(2) from None

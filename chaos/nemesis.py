@@ -29,6 +29,9 @@ __all__ = ["ConsumerTargets", "Links", "Nemesis"]
 
 log = structlog.get_logger("chaos.nemesis")
 
+START_SLACK = 30.0
+"""Seconds a service's start may take beyond its readiness bound (spawning, the last probe)."""
+
 RouteLookup = Callable[[str], Awaitable[tuple[str | None, list[str]]]]
 """journal -> (primary process id "zone#suffix", other member ids)."""
 
@@ -239,13 +242,19 @@ class Nemesis:
         self.history.healed(rec)
 
     async def _restart(self, svc: Service) -> None:
-        """Start a killed service again (same port, same data), bounded."""
+        """Start a killed service again (same port, same data), bounded: 3 tries, each
+        given its readiness bound and START_SLACK more (a readiness probe that blocks
+        inside one call is left behind on its daemon thread, chaos/bounded.py)."""
         if svc.running:
             return
         for attempt in range(3):
+            bound = svc.ready_timeout + START_SLACK
             try:
-                await asyncio.to_thread(svc.start)
+                await asyncio.wait_for(asyncio.to_thread(svc.start), bound)
                 return
+            except TimeoutError:
+                raise ServiceError(f"{svc.name}: start did not return within {bound:g} s "
+                                   f"(its readiness probe blocked?)") from None
             except ServiceError as exc:
                 log.warning("nemesis.restart_failed", service=svc.name, attempt=attempt,
                             error=str(exc)[:500])

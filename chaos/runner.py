@@ -26,14 +26,14 @@ from protocol import Codec, FragmentSpec, JournalSpec
 from quire.client import Client
 from tools.services import free_port
 
-from .checker import Report, check
+from .bounded import Stalls
+from .checker import Report
 from .cluster import LocalCluster, supports_advertise
-from .consumer_check import check_consumers
 from .consumer_group import ConsumerGroup, GroupConfig
+from .ending import after_writes, clean_up, record_stalls, wait_routed
 from .history import History
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
-from .readback import read_back
 from .local_faults import LocalFaults
 from .schedule import (
     CONSUMER_KINDS,
@@ -50,6 +50,7 @@ __all__ = ["ChaosConfig", "classify", "run_chaos"]
 log = structlog.get_logger("chaos.runner")
 
 CODECS = (Codec.NONE, Codec.GZIP, Codec.ZSTANDARD, Codec.SNAPPY)
+
 
 
 @dataclass
@@ -104,6 +105,8 @@ class _Run:
     """Identified appends re-sent after an unknown outcome (the broker dedups them)."""
     local: LocalFaults | None = None
     """The coordinators' faulty disks, when a disk or clock kind is dealt."""
+    stalls: Stalls = field(default_factory=Stalls)
+    """Waits of the harness that did not finish within their bound (chaos/bounded.py)."""
 
 
 async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
@@ -111,21 +114,6 @@ async def _route(admin: Client, journal: str) -> tuple[str | None, list[str]]:
     route = entry.route
     primary = str(route.primary_id) if route.primary_id is not None else None
     return primary, [str(m) for m in route.members if str(m) != primary]
-
-
-async def _wait_routed(admin: Client, run: _Run, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            entries = await asyncio.wait_for(admin.list_journals(), 10.0)
-            ok = {e.spec.name for e in entries
-                  if e.route.primary >= 0 and len(e.route.members) >= e.spec.replication}
-            if set(run.journals) <= ok:
-                return True
-        except Exception as exc:  # noqa: BLE001 - not yet
-            log.debug("runner.wait_routed", error=str(exc))
-        await asyncio.sleep(0.5)
-    return False
 
 
 async def _setup(run: _Run) -> Client:
@@ -178,45 +166,9 @@ async def _journals(run: _Run) -> Client:
         length=cfg.fragment_length, compression_codec=CODECS[i % len(CODECS)],
         stores=(run.store_url,), refresh_interval=5.0)) for i, name in enumerate(run.journals)]
     await admin.apply(specs)
-    if not await _wait_routed(admin, run, 90.0):
+    if not await wait_routed(admin, run, 90.0):
         raise RuntimeError("journals did not get a full route within 90 s")
     return admin
-
-
-async def _barriers(admin: Client, run: _Run, timeout: float = 90.0
-                    ) -> tuple[dict[str, int], dict[str, str], dict[str, float]]:
-    """Each journal's write head as first seen after healing, then zero-byte appends
-    (transaction barriers: they make a new primary re-synchronise its pipeline, adopting
-    the longest committed fragment among its replicas) until one succeeds or `timeout`.
-    Returns the heads, the last error of journals whose barrier never succeeded (they
-    stayed unavailable after healing) and the seconds each barrier took."""
-    heads: dict[str, int] = {}
-    errors: dict[str, str] = {}
-    took: dict[str, float] = {}
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-
-    async def one(journal: str) -> None:
-        try:
-            heads[journal] = await asyncio.wait_for(admin.write_head(journal), 20)
-        except Exception as exc:  # noqa: BLE001 - reported
-            errors[journal] = f"head: {type(exc).__name__}: {exc}"[:200]
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                await asyncio.wait_for(admin.append(journal, b"", retry_timeout=min(left, 20)),
-                                       min(left, 30))
-                took[journal] = round(time.monotonic() - t0, 2)
-                errors.pop(journal, None)
-                return
-            except Exception as exc:  # noqa: BLE001 - retried until the deadline
-                errors[journal] = f"barrier: {type(exc).__name__}: {exc}"[:200]
-                await asyncio.sleep(1.0)
-
-    await asyncio.gather(*(one(j) for j in run.journals))
-    return heads, errors, took
 
 
 def _group(cfg: ChaosConfig) -> ConsumerGroup:
@@ -278,6 +230,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     writer_client: Client | None = None
     group: ConsumerGroup | None = None
     watching: asyncio.Future[None] | None = None
+    report: Report | None = None
     try:
         admin = await _setup(run)
         assert run.cluster is not None
@@ -330,73 +283,12 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
                  for j in run.journals]
         await asyncio.sleep(cfg.duration)
         stop.set()
-        await asyncio.wait(writers, timeout=cfg.append_timeout + 10)
-        for w in writers:
-            w.cancel()
-        try:
-            await asyncio.wait_for(nem, 60)
-        except asyncio.TimeoutError:
-            log.error("runner.nemesis_stuck")
-        for t in tails:
-            t.cancel()
-        await asyncio.gather(*tails, return_exceptions=True)
-        await tail_client.close()
-        meta["reader_errors"] = len(tail_errors)
-        meta["reader_error_examples"] = tail_errors[:5]
-        await nemesis.heal_all()
-        meta["wall_seconds"] = round(time.monotonic() - started, 1)
-        meta["identified_writers"] = cfg.identified
-        meta["identified_resent"] = run.resent
-        meta["skipped_faults"] = nemesis.skipped
-        meta["proxy_stats"] = {p.name: asdict(p.stats) for p in run.links.all()}
-        meta["routed_after_heal"] = await _wait_routed(admin, run, 60.0)
-        (meta["heads_before_barrier"], meta["unavailable_after_heal"],
-         meta["barrier_seconds"]) = await _barriers(admin, run)
-        members: dict[str, list[str]] = {}
-        real = {str(c.process_id): c.endpoint for c in run.cluster.coordinators}
-        try:
-            for entry in await asyncio.wait_for(admin.list_journals(), 30):
-                members[entry.spec.name] = [real[str(m)] for m in entry.route.members
-                                            if str(m) in real]
-        except Exception as exc:  # noqa: BLE001 - then read every coordinator's replica
-            log.warning("runner.list_failed", error=str(exc))
-        for journal in run.journals:
-            if not members.get(journal):  # no route: ask every coordinator for its replica
-                members[journal] = list(real.values())
-        readbacks = await read_back(admin, run.journals, members, run.store_url, run.store_options)
-        for rb in readbacks:
-            rb.head_seen = meta["heads_before_barrier"].get(rb.journal, -1)
-            rb.unavailable = meta["unavailable_after_heal"].get(rb.journal, "")
-            rb.views["reader"] = tail_spans.get(rb.journal, [])
-        report = check(readbacks, run.history.ops, run.history.faults)
-        if cfg.hosts:
-            from .net_faults import isolation_recovery
-
-            meta["host_recovery"] = isolation_recovery(run.history.faults, run.history.ops)
-        if group is not None:
-            shards, meta["consumers"] = await group.finish(admin)
-            assert watching is not None  # polled through the catch-up too
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
-            consumer = check_consumers(shards, group.watch, group.output)
-            report.add_consumers(consumer.counts, consumer.examples, consumer.shards)
+        report = await after_writes(run, admin, nemesis, nem, writers, tails, tail_client,
+                                    tail_spans, tail_errors, group, watching, meta, started)
         return report, meta
     finally:
-        run.history.close()
-        if watching is not None and not watching.done():
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
-        if group is not None:
-            await asyncio.to_thread(group.close)
-        for c in (writer_client, admin):
-            if c is not None:
-                await c.close()
-        if run.cluster is not None:
-            await asyncio.to_thread(run.cluster.close)
-        if run.local is not None:
-            await asyncio.to_thread(run.local.close)  # (after the coordinators stopped)
-        for p in run.links.all():
-            await p.close()
+        await clean_up(run, group, watching, writer_client, admin)
+        record_stalls(run, report, meta)
 
 
 def default_history_path(out: str | None) -> str | None:

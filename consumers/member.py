@@ -25,7 +25,8 @@ from protocol.logs import get_logger
 from protocol.shard import ShardSpec, ShardState, ShardStatus
 from quire.client import Client
 from topology.allocator_plan import MemberState
-from topology.etcd import cmp_create, cmp_version, delete_op, members_prefix, put_op, txn
+from topology.etcd import (cmp_create, cmp_version, delete_op, members_prefix, prefix_end, put_op,
+                           rpc, txn)
 from topology.membership import BrokerSpec, Membership
 from topology.shards import (
     consumer_root,
@@ -39,7 +40,7 @@ from topology.shards import (
 
 from .app import App
 from .mirror import Mirror
-from .plan import Action, placement, plan_member
+from .plan import Action, other_primaries, placement, plan_member
 from .runner import ShardRunner, cancel_all
 
 __all__ = ["ConsumerMember"]
@@ -48,6 +49,8 @@ log = get_logger(__name__)
 
 RETRY_AFTER_FAILURE = 2.0
 STOP_TIMEOUT = 60.0
+WITHDRAW_RETRY = 0.5
+"""Seconds between attempts to withdraw a stopped shard's status report (see _after_exit)."""
 
 
 @dataclass
@@ -75,7 +78,10 @@ class ConsumerMember:
         self._wake = asyncio.Event()
         self._report_lock = asyncio.Lock()
         self._blocked: dict[str, float] = {}
-        """shard -> when another member's PRIMARY report first held its lock back."""
+        """shard -> when another member's PRIMARY report first held its lock back (logs)."""
+        self._withdrawing: set[str] = set()
+        """Shards whose stopped run's status report is still being withdrawn."""
+        self._closing = False
 
     # -- views of the mirror -------------------------------------------------------------
 
@@ -132,6 +138,7 @@ class ConsumerMember:
                         await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                         for w in waits:
                             w.cancel()
+                    self._closing = True
                     maintainer.cancel()
                     await cancel_all([maintainer])
                     if membership.in_good_standing:
@@ -210,50 +217,95 @@ class ConsumerMember:
             asyncio.ensure_future(self._after_exit(shard, running, keep_status=exc is not None))
 
     async def _after_exit(self, shard: str, running: _Running, keep_status: bool = False) -> None:
-        """Delete our status report and (if we held it) the lock, in one transaction, so
-        no reader ever sees a released primary's PRIMARY report beside its successor's."""
-        async with self._report_lock:
-            status = [] if keep_status else [delete_op(status_key(self.root, shard, self.me))]
-            with contextlib.suppress(Exception):
-                if running.primary and running.lock_revision:
-                    lock = primary_key(self.root, shard)
-                    await txn(self.etcd, [cmp_create(lock, running.lock_revision)],
-                              [delete_op(lock), *status], status)
-                elif status:
-                    await txn(self.etcd, [], status)
-            self._published.pop(shard, None)
-        self._wake.set()
+        """Withdraw our status report (`keep_status`: replace it with the run's final,
+        FAILED one) and, if we held it, delete the lock, in one transaction, so no reader
+        ever sees a released primary's PRIMARY report beside its successor's lock.
 
-    def _primary_elsewhere(self, shard: str) -> bool:
-        """Another member still reports PRIMARY for `shard`: a holder whose lock was
-        deleted by hand, about to notice and withdraw its report (`_check_locks`); a
-        dead one's report goes with its lease. Taking the lock meanwhile would show two
-        primaries at once, so the lock waits for the report to go."""
-        prefix = f"{status_prefix(self.root)}{shard}#"
-        mine = status_key(self.root, shard, self.me)
-        for key, kv in self.mirror.items(prefix):
-            if key == mine:
-                continue
+        Retried until it succeeds: a successor creates the lock only once no other
+        member reports PRIMARY (`_acquire`), so a report left behind by an etcd error
+        would hold the shard back. It stops retrying only when the report is gone by
+        itself — our membership lost (its lease revoked or expired: etcd deletes the
+        report with it) or a new lease announced — or, while the process exits, after
+        one TTL (the exit revokes the lease)."""
+        self._withdrawing.add(shard)
+        lease = self.membership.lease_id
+        started = time.monotonic()
+        attempt = 0
+        try:
+            while True:
+                async with self._report_lock:
+                    key = status_key(self.root, shard, self.me)
+                    if keep_status:
+                        value = msgspec.json.encode(running.runner.status())
+                        status = [put_op(key, value, lease)]
+                    else:
+                        status = [delete_op(key)]
+                    try:
+                        if running.primary and running.lock_revision:
+                            lock = primary_key(self.root, shard)
+                            await txn(self.etcd, [cmp_create(lock, running.lock_revision)],
+                                      [delete_op(lock), *status], status)
+                        else:
+                            await txn(self.etcd, [], status)
+                        self._published.pop(shard, None)
+                        return
+                    except Exception as exc:  # noqa: BLE001 - etcd unavailable: retried
+                        error = repr(exc)
+                if self.membership.lost.is_set() or self.membership.lease_id != lease:
+                    log.warning("status report not withdrawn; gone with the lost lease",
+                                shard=shard, error=error)
+                    return
+                if self._closing and time.monotonic() - started > self.ttl:
+                    log.error("status report not withdrawn at exit; it goes with the lease",
+                              shard=shard, error=error)
+                    return
+                attempt += 1
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning("withdrawing a status report failed; retrying", shard=shard,
+                                primary=running.primary, attempt=attempt, error=error)
+                await asyncio.sleep(WITHDRAW_RETRY)  # etcd unavailable: a bounded backoff
+        finally:
+            self._withdrawing.discard(shard)
+            self._wake.set()
+
+    def _primary_elsewhere(self, shard: str) -> list[str]:
+        """Other members whose report still says PRIMARY for `shard`: a holder whose lock
+        was deleted, not yet noticed (e.g. its etcd lost quorum meanwhile), or one whose
+        withdrawal is being retried (`_after_exit`). Its report lives on its lease — a
+        dead member's goes when the lease expires — so the lock waits for it, with no
+        timeout (plan.other_primaries)."""
+        reports = []
+        for _key, kv in self.mirror.items(f"{status_prefix(self.root)}{shard}#"):
             try:
-                st = msgspec.json.decode(kv.value, type=ShardStatus)
+                reports.append(msgspec.json.decode(kv.value, type=ShardStatus))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-            if st.id == shard and st.state is ShardState.PRIMARY:
-                return True
-        return False
+        return other_primaries(self.me, shard, reports)
 
     async def _acquire(self, spec: ShardSpec) -> None:
-        if self._primary_elsewhere(spec.id):
-            # (the mirror wakes us when that report goes). Bounded: a report its member
-            # failed to withdraw (an etcd error) must not orphan the shard — after the
-            # TTL the lock is taken; the recovery-log fence still stops a stale writer.
-            since = self._blocked.setdefault(spec.id, time.monotonic())
-            if time.monotonic() - since < self.ttl:
-                return
+        if spec.id in self._withdrawing:
+            return  # our previous run's report is still being withdrawn (it wakes us)
+        others = self._primary_elsewhere(spec.id)
+        if others:  # (the mirror wakes us when that report goes)
+            now = time.monotonic()
+            since = self._blocked.setdefault(spec.id, now)
+            if now - since >= self.ttl:
+                log.warning("shard lock held back by another member's PRIMARY report",
+                            shard=spec.id, reporters=others, waited=round(now - since, 1))
+                self._blocked[spec.id] = now  # (logged once a TTL)
+            return
         self._blocked.pop(spec.id, None)
         key = primary_key(self.root, spec.id)
-        result = await txn(self.etcd, [cmp_version(key, 0)],
-                           [put_op(key, str(self.me).encode(), self.membership.lease_id)])
+        reports = f"{status_prefix(self.root)}{spec.id}#".encode()
+        # The view above is the mirror's through `seen`: the lock is created only if no
+        # report of the shard was written since (one that turned PRIMARY meanwhile).
+        seen = self.mirror.seen(key)
+        unchanged = rpc.Compare(key=reports, range_end=prefix_end(reports),
+                                target=rpc.Compare.MOD, result=rpc.Compare.LESS,
+                                mod_revision=seen + 1)
+        async with self._report_lock:  # our own report does not move under the compare
+            result = await txn(self.etcd, [cmp_version(key, 0), unchanged],
+                               [put_op(key, str(self.me).encode(), self.membership.lease_id)])
         if not result.succeeded:
             return
         if spec.id in self.running:  # a standby being promoted: it must close the store
@@ -335,10 +387,15 @@ class ConsumerMember:
 
     # -- status --------------------------------------------------------------------------
 
-    async def _publish_one(self, runner: ShardRunner) -> None:
+    async def _publish_one(self, runner: ShardRunner, lock_revision: int = 0) -> bool:
+        """Write a shard's status report; a primary's (`lock_revision`) only while its lock
+        is the one it took — never a PRIMARY report beside a successor's lock. False: the
+        lock is gone (`_check_locks` stops the shard)."""
         value = msgspec.json.encode(runner.status())
-        await txn(self.etcd, [], [put_op(status_key(self.root, runner.spec.id, self.me), value,
-                                         self.membership.lease_id)])
+        put = put_op(status_key(self.root, runner.spec.id, self.me), value, self.membership.lease_id)
+        guard = [cmp_create(primary_key(self.root, runner.spec.id), lock_revision)] \
+            if lock_revision else []
+        return (await txn(self.etcd, guard, [put])).succeeded
 
     async def _report_loop(self) -> None:
         """Mirror each running shard's status (offsets, lag, state) to etcd every second."""
@@ -352,8 +409,9 @@ class ConsumerMember:
                     if self.running.get(shard) is not running or running.task.done():
                         continue  # stopped meanwhile: its report is (being) deleted
                     try:
-                        await self._publish_one(running.runner)
-                        self._published[shard] = fingerprint
+                        lock_rev = running.lock_revision if running.primary else 0
+                        if await self._publish_one(running.runner, lock_rev):
+                            self._published[shard] = fingerprint
                     except Exception as exc:  # noqa: BLE001 - etcd hiccup: next round
                         log.warning("status report failed", shard=shard, error=repr(exc))
             await asyncio.sleep(1.0)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from protocol import ProcessId
-from protocol.shard import ShardSpec, ShardState
+from protocol.shard import ShardSpec, ShardState, ShardStatus
 from topology.allocator_plan import JournalState, MemberState, desired_placement
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "CommitPolicy",
     "Lifecycle",
     "Step",
+    "other_primaries",
     "placement",
     "plan_member",
 ]
@@ -93,6 +94,23 @@ def plan_member(me: ProcessId, specs: Mapping[str, ShardSpec], ranked: Mapping[s
         if me not in want[1:] and not (want and want[0] == me and shard not in locks):
             steps.append(Step(Action.STOP_STANDBY, shard))
     return steps
+
+
+def other_primaries(me: ProcessId, shard: str, reports: Iterable[ShardStatus]) -> list[str]:
+    """Members other than `me` whose status report says PRIMARY for `shard`.
+
+    The rule the chaos checker holds members to: at every etcd revision a shard has at
+    most one primary among its lock holder and its PRIMARY reporters. Two halves keep it
+    without any timing: a PRIMARY report is only ever written in a transaction that
+    compares its writer's own lock (so none is written once that lock is gone), and a
+    lock is only ever created in a transaction that compares no status report of the
+    shard changed since a view in which this function returned nothing. A report lives
+    on its member's lease: its member withdraws it (retrying until it succeeds or the
+    lease is gone), or the lease expires with a dead member — so a successor's wait ends
+    without a timeout that could let it take the lock beside a live report."""
+    mine = str(me)
+    return sorted({r.member for r in reports
+                   if r.id == shard and r.member != mine and r.state is ShardState.PRIMARY})
 
 
 class Lifecycle:

@@ -18,8 +18,6 @@ from protocol import (
     AppendRequest,
     AppendResponse,
     Fragment,
-    Hello,
-    HelloAck,
     Status,
 )
 from protocol.auth import Capability
@@ -31,11 +29,15 @@ from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
 from .append_lane import finish, ok_header, try_lane
 from .append_rules import decide_broken
+from .proxy_rules import Reproxy, ReproxyDecision, decide_reproxy, reproxy_budget
+from .read_relay import connect_member
 from .flow_control import MinRatePolicer
 
 log = get_logger(__name__)
 
 PROXY_TIMEOUT = 30.0
+_CONNECT_PACE = 1.0
+"""At most one connect a second to a primary that refused or did not answer."""
 
 _COUNTERS: dict[str, object] = {}
 
@@ -168,7 +170,17 @@ async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
         fsm = AppendFSM(broker, req, source)
         state = await fsm.run_to()  # (= run(): one coroutine frame less to resume through)
         if state is State.PROXY:
-            return await proxy_append(conn, req, fsm.res, source, _peer_auth(broker, req.journal))
+            kept = await proxy_append(conn, req, fsm.res, source, _peer_auth(broker, req.journal),
+                                      broker)
+            if kept is not None:
+                return kept
+            # Its primary unreachable, the journal moved to us meanwhile (nothing of the
+            # append was read or forwarded): run it here.
+            fsm = AppendFSM(broker, req, source)
+            state = await fsm.run_to()
+            if state is State.PROXY:  # moved on again: one plain attempt, then an answer
+                return bool(await proxy_append(conn, req, fsm.res, source,
+                                               _peer_auth(broker, req.journal)))
         res = fsm.res
         ok = state is State.FINISHED
         header = res.header if res is not None else None
@@ -209,22 +221,27 @@ def _peer_auth(broker: object, journal: str) -> dict:
 
 
 async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource,  # noqa: ANN001
-                       peer: dict | None = None) -> bool:
+                       peer: dict | None = None, broker: object | None = None) -> bool | None:
     """Forward the append to the primary, with our resolution as its header, presenting
     our own derived APPEND token for the journal (`peer`: Host.peer_auth), never the
-    client's."""
+    client's. A primary that cannot be reached is looked for again (`_reach_primary`);
+    None: the journal's primary is now this coordinator (nothing answered, nothing read
+    from `source`: the caller runs the append here)."""
     peer = peer or {}
-    endpoint = res.route.primary_endpoint
     upstream: FrameStream | None = None
     forwarded = 0  # content bytes forwarded: a zero-byte append (a barrier) commits nothing
     # Once the AppendCommit of some content was written upstream, a broken upstream means
     # the primary may have committed: the answer is COMMIT_UNKNOWN, not UNAVAILABLE.
     commit_sent = False
+    upstream, res, refusal = await _reach_primary(broker, req.journal, res, peer)
+    endpoint = res.route.primary_endpoint
+    if upstream is None and refusal.action is Reproxy.LOCAL:
+        return None
+    if upstream is None:
+        await conn.send(AppendResponse(status=refusal.status, header=res.header,
+                                       message=refusal.message))
+        return False  # the client's content is unread: the connection is out of step
     try:
-        upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
-        await upstream.send(Hello(token=peer.get("token", "")))
-        async with asyncio.timeout(5.0):
-            await upstream.read_message(HelloAck)
         upstream.write(AppendRequest(
             journal=req.journal, header=res.header, do_not_proxy=True, offset=req.offset,
             check_registers=req.check_registers, union_registers=req.union_registers,
@@ -261,3 +278,52 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
     finally:
         if upstream is not None:
             await upstream.close()
+
+
+async def _reach_primary(broker, journal: str, res, peer: dict):  # noqa: ANN001, ANN202
+    """A handshaken connection to the journal's primary: (upstream, resolution, None), or
+    (None, resolution, refusal). Nothing of the append is sent before it is reached, so a
+    primary that does not answer (dead, or its host isolated: a silent link) is given up
+    after a short connect timeout and the journal resolved again from our own etcd
+    mirror — the watch names a new primary once the old one's lease expired — within
+    twice the lease TTL + 2 s (proxy_rules.decide_reproxy)."""
+    endpoint = res.route.primary_endpoint or ""
+    cfg = getattr(broker, "cfg", None)
+    keyspace = getattr(broker, "keyspace", None)
+    budget = reproxy_budget(float(getattr(cfg, "lease_ttl", 0.0))) if broker is not None else 0.0
+    deadline = time.monotonic() + budget
+    failed = endpoint
+    while True:
+        attempt = time.monotonic()
+        if endpoint:
+            upstream = await connect_member([endpoint], peer)
+            if upstream is not None:
+                if endpoint != failed:
+                    log.info("append re-proxied to a new primary", journal=journal,
+                             unreachable=failed, primary=endpoint)
+                return upstream, res, None
+            failed = endpoint
+        while True:
+            now = time.monotonic()
+            if broker is None:
+                return None, res, ReproxyDecision(
+                    Reproxy.ANSWER, status=Status.UNAVAILABLE,
+                    message=f"proxy to primary {failed} failed: unreachable")
+            if deadline > now:
+                pause = max(0.05, min(deadline - now, attempt + _CONNECT_PACE - now))
+                if keyspace is not None:  # woken by a new route, else paced
+                    await keyspace.wait_changed(res.revision, pause)
+                else:
+                    await asyncio.sleep(pause)
+            fresh = await broker.resolve(journal)
+            now = time.monotonic()
+            complete = fresh.spec is None or len(fresh.route.members) >= fresh.spec.replication
+            d = decide_reproxy(fresh.status, fresh.is_primary, fresh.primary_endpoint, failed,
+                               now - attempt, deadline - now, complete)
+            if fresh.status == Status.OK:
+                res = fresh
+            if d.action is Reproxy.ANSWER or d.action is Reproxy.LOCAL:
+                return None, res, d
+            if d.action is Reproxy.PROXY:
+                endpoint = d.endpoint
+                break

@@ -15,6 +15,8 @@ from protocol.errors import ProtocolError
 from protocol.logs import get_logger
 from protocol.stream import FrameStream
 
+from .proxy_rules import CONNECT_TIMEOUT
+
 log = get_logger(__name__)
 
 METADATA_SENT = -1
@@ -42,16 +44,18 @@ async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int) -
     return offset
 
 
-async def connect_member(endpoints, peer: dict) -> FrameStream | None:  # noqa: ANN001
+async def connect_member(endpoints, peer: dict,  # noqa: ANN001
+                         timeout: float = CONNECT_TIMEOUT) -> FrameStream | None:
     """A handshaken connection to one of `endpoints` (any will do; one that is down, its
     lease not yet expired, is skipped), presenting our derived token; None if none
-    answers."""
+    answers. Each may take `timeout` to connect and as long again to answer Hello: a
+    member whose host is isolated (a silent link) costs that, not the OS's timeout."""
     for endpoint in [e for e in endpoints if e]:
         upstream: FrameStream | None = None
         try:
-            upstream = await FrameStream.connect(endpoint, timeout=5.0, ssl=peer.get("ssl"))
+            upstream = await FrameStream.connect(endpoint, timeout=timeout, ssl=peer.get("ssl"))
             await upstream.send(Hello(token=peer.get("token", "")))
-            async with asyncio.timeout(5.0):
+            async with asyncio.timeout(2 * timeout):
                 await upstream.read_message(HelloAck)
             return upstream
         except (OSError, ProtocolError, asyncio.TimeoutError):

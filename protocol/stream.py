@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from .errors import ProtocolError
 from .messages import ErrorFrame, Message
+from .resolve import is_address, resolve
 from .status import Status
 from .wire import (
     MAX_CHUNK,
@@ -78,13 +79,27 @@ class FrameStream:
     @classmethod
     async def connect(cls, endpoint: str, timeout: float = 10.0,
                       ssl: ssl_module.SSLContext | None = None) -> FrameStream:
-        """Connect (over TLS when given a client `ssl` context: protocol/tls.py)."""
-        host, _, port = endpoint.rpartition(":")
+        """Connect (over TLS when given a client `ssl` context: protocol/tls.py). A name
+        is looked up through protocol/resolve.py (one lookup of it at a time, a failure
+        remembered for a moment), then its addresses are tried in order."""
+        host, _, port_text = endpoint.rpartition(":")
+        host, port = host or "127.0.0.1", int(port_text)
+        kw: dict = {"limit": 1 << 21, "ssl": ssl,
+                    "ssl_handshake_timeout": timeout if ssl is not None else None}
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(
-                host or "127.0.0.1", int(port), limit=1 << 21, ssl=ssl,
-                ssl_handshake_timeout=timeout if ssl is not None else None)
-        return cls(reader, writer)
+            if is_address(host):
+                reader, writer = await asyncio.open_connection(host, port, **kw)
+                return cls(reader, writer)
+            if ssl is not None:
+                kw["server_hostname"] = host  # (certificates name the host, not the address)
+            last: OSError | None = None
+            for _family, _type, _proto, _name, sockaddr in await resolve(host, port):
+                try:
+                    reader, writer = await asyncio.open_connection(sockaddr[0], sockaddr[1], **kw)
+                    return cls(reader, writer)
+                except OSError as exc:
+                    last = exc
+            raise last or OSError(f"{host} has no address")
 
     @property
     def peer(self) -> str:

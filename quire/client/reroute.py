@@ -140,7 +140,12 @@ class Rerouter:
         for conn in list(watched):
             if conn.journal != journal:
                 continue
-            if not conn.expect:
+            if primary == conn.endpoint:
+                # The journal moved to where this append went (sent to it as a proxy, or
+                # an earlier probe was behind): it answers as primary now; abandoning it
+                # would turn that answer into an unknown outcome.
+                conn.expect, conn.moved_to = primary, ""
+            elif not conn.expect:
                 conn.expect = primary  # sent to a proxy: expect what it forwards to
             elif primary == conn.expect:
                 conn.moved_to = ""  # (moved back)

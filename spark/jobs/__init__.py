@@ -5,6 +5,8 @@ its output and returns what it wrote) and `main(argv)` for spark-submit.
 
 `minute_counts` is a continuous (Structured Streaming) job, run by
 `python -m spark.jobs.minute_counts`; it is not a batch job and is not in JOBS.
+`dask_minute_counts` is the same continuous job on Dask (spark.dask_stream), run by
+`python -m spark.jobs.dask_minute_counts --scheduler tcp://HOST:PORT`; not in JOBS either.
 `window_counts` is a target of quire's own job scheduler (docs/jobs.md), run by the
 workers as `python -m spark.jobs.window_counts --run JSON`; it is not in JOBS either.
 `dask_targets` holds Dask functions that are `kind: dask` job targets (`window_counts`),

@@ -9,6 +9,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -21,6 +24,29 @@ from tools.services import CeleryWorkerService, Service, free_port
 from tests.workers.workers_support import put_keys, worker_env
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@contextmanager
+def _prune_cluster(name: str, etcd, etcd_root: str, redis_db,  # noqa: ANN001
+                   tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A coordinator and a worker on the prune and index queues; yields the coordinator's
+    endpoint and the worker's environment (for the CLI), and stops both afterwards."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    coord = Service(f"{name}-coord-{uuid.uuid4().hex[:6]}", [
+        sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", f"{name}-coord",
+        "--listen", endpoint, "--etcd", etcd.url, "--root", etcd_root,
+        "--spool-dir", str(tmp_path / "spool"), "--lease-ttl", "5"],
+        workdir=tmp_path / "c", probe=lambda: hello_probe(endpoint), ready_timeout=60)
+    env = worker_env(redis_db.url, etcd, etcd_root, None)
+    worker = CeleryWorkerService(f"w{uuid.uuid4().hex[:6]}", redis_url=redis_db.url,
+                                 queues=("prune", "index"), pool="threads", concurrency=2, env=env)
+    try:
+        coord.start()
+        worker.start()
+        yield endpoint, env
+    finally:
+        worker.close()
+        coord.close()
 
 
 def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -40,18 +66,7 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
         length=1 << 20, compression_codec="none", stores=(store_url,), retention=60.0))
     put_keys(etcd, {f"{etcd_root}/journals/{j}": msgspec.json.encode(spec)})
 
-    endpoint = f"127.0.0.1:{free_port()}"
-    coord = Service(f"prune-coord-{uuid.uuid4().hex[:6]}", [
-        sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", "prune-coord",
-        "--listen", endpoint, "--etcd", etcd.url, "--root", etcd_root,
-        "--spool-dir", str(tmp_path / "spool"), "--lease-ttl", "5"],
-        workdir=tmp_path / "c", probe=lambda: hello_probe(endpoint), ready_timeout=60)
-    env = worker_env(redis_db.url, etcd, etcd_root, None)
-    worker = CeleryWorkerService(f"w{uuid.uuid4().hex[:6]}", redis_url=redis_db.url,
-                                 queues=("prune", "index"), pool="threads", concurrency=2, env=env)
-    coord.start()
-    worker.start()
-    try:
+    with _prune_cluster("prune", etcd, etcd_root, redis_db, tmp_path) as (endpoint, env):
         def quire(*args: str) -> str:
             proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "prune",
                                    *args], capture_output=True, timeout=90,
@@ -81,9 +96,6 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
         assert row == {"journal": j, "fragments": 1, "stored_bytes": 10, "oldest": last.mod_time,
                        "newest": last.mod_time, "begin": 20, "end": 30}
         assert "20..30" in stats()
-    finally:
-        worker.close()
-        coord.close()
 
 
 def test_delete_purge_removes_only_that_journals_objects(etcd, etcd_root, redis_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -107,18 +119,7 @@ def test_delete_purge_removes_only_that_journals_objects(etcd, etcd_root, redis_
         write_manifest(store, j, CoverSet(fs))
         keys[j] = [fragment_key(f) for f in fs] + [manifest_key(j)]
 
-    endpoint = f"127.0.0.1:{free_port()}"
-    coord = Service(f"purge-coord-{uuid.uuid4().hex[:6]}", [
-        sys.executable, "-m", "coordinator.main", "--zone", "local", "--id", "purge-coord",
-        "--listen", endpoint, "--etcd", etcd.url, "--root", etcd_root,
-        "--spool-dir", str(tmp_path / "spool"), "--lease-ttl", "5"],
-        workdir=tmp_path / "c", probe=lambda: hello_probe(endpoint), ready_timeout=60)
-    env = worker_env(redis_db.url, etcd, etcd_root, None)
-    worker = CeleryWorkerService(f"w{uuid.uuid4().hex[:6]}", redis_url=redis_db.url,
-                                 queues=("prune", "index"), pool="threads", concurrency=2, env=env)
-    coord.start()
-    worker.start()
-    try:
+    with _prune_cluster("purge", etcd, etcd_root, redis_db, tmp_path) as (endpoint, env):
         proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "journals", "delete", gone,
                                "--purge", "--grace", "0", "-o", "json"], capture_output=True,
                               timeout=90, env={**os.environ, **env, "QUIRE_BROKER": endpoint})
@@ -129,6 +130,3 @@ def test_delete_purge_removes_only_that_journals_objects(etcd, etcd_root, redis_
         wait_for(lambda: not any(store.exists(k) for k in keys[gone]), timeout=30,
                  what="the deleted journal's objects to be purged")
         assert all(store.exists(k) for k in keys[prefixed] + keys[nested])
-    finally:
-        worker.close()
-        coord.close()

@@ -375,3 +375,37 @@ async def test_a_stalled_append_whose_journal_did_not_move_waits_for_its_timeout
                 await client.append(journal, b"record\n")
             assert other.appends == []
             assert any(type(r).__name__ == "ReadRequest" for r in other.requests)  # it was asked
+
+
+async def test_a_stalled_append_is_not_abandoned_when_its_journal_moves_to_where_it_went() -> None:
+    """Seen in make compose-test: an append sent to coordinator A as a proxy (the primary
+    B had just been killed) stalled; a probe still named B (a view behind), the next one
+    named A — the coordinator the append was waiting on, now primary. The rerouter took
+    that for a move and aborted it: a plain append became CommitUnknown for nothing."""
+    from quire.client.reroute import Rerouter
+
+    class Stalled:  # what the rerouter reads and writes of a watched Connection
+        journal, endpoint, expect, grace = "j", "a:8080", "", 1.0
+        moved_to, moved_at, rerouted = "", 0.0, ""
+        since = time.monotonic() - 5.0
+
+        def abort(self) -> None:
+            aborted.append(self.endpoint)
+
+    answers = iter(["dead-b:8080", "a:8080"])
+
+    async def probe(journal: str, avoid: str) -> str:
+        return next(answers)
+
+    aborted: list[str] = []
+    conn = Stalled()
+    watched = {conn: 60.0}
+    rerouter = Rerouter(probe)
+    for _ in range(2):  # two probes, then past the grace
+        assert rerouter.tick(time.monotonic(), watched)
+        await asyncio.sleep(0.3)
+    assert rerouter.tick(time.monotonic() + 5.0, watched)
+    await asyncio.sleep(0)
+    assert conn.expect == "a:8080" and conn.moved_to == "" and aborted == []
+    assert conn in watched
+    rerouter.close()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.plan import Action, CommitPolicy, Lifecycle, Step, placement, plan_member
+from consumers.plan import (Action, CommitPolicy, Lifecycle, Step, other_primaries, placement,
+                            plan_member)
 from consumers.recoverylog import Record, RecordReader, encode_record
 from protocol import ProcessId
-from protocol.shard import ShardSource, ShardSpec, ShardState
+from protocol.shard import ShardSource, ShardSpec, ShardState, ShardStatus
 from topology.allocator_plan import MemberState
 
 A, B, C = ProcessId("za", "mem-a"), ProcessId("zb", "mem-b"), ProcessId("za", "mem-c")
@@ -84,3 +85,17 @@ def test_record_reader_splits_and_joins_chunks() -> None:
     assert out[-1][1] == 100 + len(data) == reader.offset
     with pytest.raises(ValueError):
         reader.feed(5, b"x")
+
+
+def test_other_primaries_are_other_members_primary_reports_of_the_shard() -> None:
+    me = ProcessId("a", "me")
+
+    def r(shard: str, member: str, state: ShardState) -> ShardStatus:
+        return ShardStatus(id=shard, member=member, state=state)
+
+    reports = [r("s", "a#me", ShardState.PRIMARY), r("s", "b#old", ShardState.PRIMARY),
+               r("s", "c#sb", ShardState.STANDBY), r("t", "d#x", ShardState.PRIMARY),
+               r("s", "e#f", ShardState.FAILED)]
+    assert other_primaries(me, "s", reports) == ["b#old"]
+    assert other_primaries(me, "t", reports) == ["d#x"]
+    assert other_primaries(me, "u", reports) == []

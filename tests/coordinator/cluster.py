@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -183,11 +184,14 @@ class Cluster:
 
 
 async def until(cond, timeout: float, what: str, interval: float = 0.2):  # noqa: ANN001, ANN201
-    """Poll a synchronous condition (a listing, another process's observable state) until
-    it is truthy, and return its value; fail naming `what` after `timeout` seconds."""
+    """Poll a condition (a listing, another process's observable state; a coroutine
+    function is awaited) until it is truthy, and return its value; fail naming `what`
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
@@ -231,6 +235,16 @@ async def serve_journal(cluster: Cluster, journal: str, replication: int = 3) ->
     finally:
         await conn.close()
     assert (await wait_appendable(cluster.nodes[0].endpoint, journal)).status == Status.OK
+
+
+async def journal_route(endpoint: str, journal: str):  # noqa: ANN201
+    """`journal`'s route as the coordinator at `endpoint` lists it now."""
+    conn = await Conn.open(endpoint)
+    try:
+        listing = await conn.list()
+    finally:
+        await conn.close()
+    return next(e.route for e in listing.journals if e.spec.name == journal)
 
 
 def make_workdir() -> str:

@@ -26,7 +26,7 @@ from protocol.errors import QuireError
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, running, serve_journal
+from .cluster import Cluster, Conn, journal_route, running, serve_journal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,15 +82,6 @@ class Writer:
         return max(b - a for a, b in zip(times, times[1:], strict=False)) if len(times) > 1 else 0.0
 
 
-async def _route(endpoint: str):
-    conn = await Conn.open(endpoint)
-    try:
-        listing = await conn.list()
-    finally:
-        await conn.close()
-    return next(e.route for e in listing.journals if e.spec.name == J)
-
-
 async def _until(pred, timeout: float):
     """Poll another process's observable state until `pred` (async) holds; bounded."""
     deadline = time.monotonic() + timeout
@@ -115,7 +106,7 @@ async def test_appends_resume_after_a_control_plane_fault(cluster3: Cluster, etc
     task = asyncio.create_task(writer.run())
     try:
         await writer.acks_after(time.monotonic(), 10.0)
-        route = await _route(c.nodes[0].endpoint)
+        route = await journal_route(c.nodes[0].endpoint, J)
         victim: ProcessId = route.members[route.primary]  # the harshest choice: the primary
         key = member_key(c.root, victim).encode()
         old_lease = (await etcd_client.get(key)).lease

@@ -23,7 +23,7 @@ from protocol import ProcessId
 from quire.client import Client
 from topology.etcd import connect, member_key
 
-from .cluster import Cluster, Conn, running, serve_journal
+from .cluster import Cluster, journal_route, running, serve_journal
 from .test_control_plane_faults import J, Writer
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,10 +58,7 @@ async def test_appends_resume_within_ttl_plus_2s_after_a_primary_kill(cluster4: 
     task = asyncio.create_task(writer.run())
     try:
         await writer.acks_after(time.monotonic(), 10.0)
-        conn = await Conn.open(c.nodes[0].endpoint)
-        listing = await conn.list()
-        await conn.close()
-        route = next(e.route for e in listing.journals if e.spec.name == J)
+        route = await journal_route(c.nodes[0].endpoint, J)
         victim: ProcessId = route.members[route.primary]
         node = next(n for n in c.nodes if n.suffix == victim.suffix)
         key = member_key(c.root, victim).encode()

@@ -17,7 +17,7 @@ import pytest
 
 from protocol import ListBrokersRequest, ListBrokersResponse, Status
 
-from .cluster import Cluster, Conn, running, spec, wait_appendable
+from .cluster import Cluster, Conn, journal_route, running, spec, wait_appendable
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -33,15 +33,6 @@ def cluster4(etcd, etcd_root):  # noqa: ANN001, ANN201
             for n in c.nodes:  # a paused one could not be stopped
                 if n.proc is not None and n.proc.poll() is None:
                     n.proc.send_signal(signal.SIGCONT)
-
-
-async def _route(endpoint: str):  # noqa: ANN202
-    conn = await Conn.open(endpoint)
-    try:
-        listing = await conn.list()
-    finally:
-        await conn.close()
-    return next(e.route for e in listing.journals if e.spec.name == J)
 
 
 async def _until(pred, timeout: float = 40.0):  # noqa: ANN001, ANN202
@@ -74,7 +65,7 @@ async def test_paused_primary_is_fenced_and_nothing_acked_is_lost(cluster4: Clus
     await conn.close()
     assert (await wait_appendable(c.nodes[0].endpoint, J)).status == Status.OK
 
-    route = await _route(c.nodes[0].endpoint)
+    route = await journal_route(c.nodes[0].endpoint, J)
     victim_id = route.members[route.primary]
     victim = next(n for n in c.nodes if n.suffix == victim_id.suffix)
     others = [n for n in c.nodes if n is not victim]
@@ -93,7 +84,7 @@ async def test_paused_primary_is_fenced_and_nothing_acked_is_lost(cluster4: Clus
     stale_task = asyncio.ensure_future(stale.append(J, [stale_data]))
 
     async def superseded():  # noqa: ANN202
-        r = await _route(others[0].endpoint)
+        r = await journal_route(others[0].endpoint, J)
         return r.primary >= 0 and r.members[r.primary] != victim_id and victim_id not in r.members
     assert await _until(superseded), "the allocator never replaced the paused primary"
     assert (await wait_appendable(others[0].endpoint, J, timeout=40)).status == Status.OK
@@ -139,10 +130,10 @@ async def test_paused_primary_is_fenced_and_nothing_acked_is_lost(cluster4: Clus
     # The allocator adds a replica before it removes one, so the route may briefly hold
     # four members; wait for it to settle at the journal's replication.
     async def settled() -> bool:
-        return len((await _route(others[0].endpoint)).members) == 3
+        return len((await journal_route(others[0].endpoint, J)).members) == 3
 
     await _until(settled)
-    route = await _route(others[0].endpoint)
+    route = await journal_route(others[0].endpoint, J)
     members = [n for n in c.nodes if any(m.suffix == n.suffix for m in route.members)]
     assert len(members) == 3
     for n in members:

@@ -16,12 +16,10 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import socket
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,11 +29,10 @@ from protocol.errors import CommitUnknown, QuireError
 from protocol.fragment import Codec
 from quire.client import Client, Producer
 from tests.coordinator.cluster import Conn
-from tools.hosts import Host, HostHarness
-from tools.services import CeleryWorkerService, RedisService, Service, wait_for
-from tools.services.etcd import EtcdCluster
+from tests.hosts.hosts_cluster import HostsCluster, primary_of, start_coordinators, until
+from tools.hosts import HostHarness
+from tools.services import CeleryWorkerService, RedisService, wait_for
 
-PORT = 8080
 JOURNAL = "hosts/events"
 ZONES = ["a", "a", "b", "c", "c"]
 LEASE_TTL = 3
@@ -44,70 +41,19 @@ LOAD_MARGIN = 6.0
 (the test waits with this bound; the figure itself is printed)."""
 
 
-@dataclass
-class Cluster:
-    h: HostHarness
-    etcd: EtcdCluster
-    redis: RedisService
-    coordinators: dict[str, Service] = field(default_factory=dict)
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [f"{host.address}:{PORT}" for host in self.h.hosts]
-
-    def host_at(self, endpoint: str) -> Host:
-        host = self.h.host_of(endpoint.rpartition(":")[0])
-        assert host is not None, f"{endpoint} is no host of the harness"
-        return host
-
-
-def _listening(address: str) -> bool:
-    with socket.create_connection((address, PORT), timeout=1.0):
-        return True
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[HostsCluster]:
     with HostHarness(5, zones=ZONES) as h:
         etcd = h.etcd_cluster(h.hosts[:3]).start()
         redis = h.hosts[3].adopt(RedisService("redis", port=6379, listen_host=h.hosts[3].address,
                                               workdir=h.hosts[3].workdir / "redis"))
         redis.start()
-        c = Cluster(h, etcd, redis)  # type: ignore[arg-type]
-        for host in h.hosts:
-            argv = [sys.executable, "-m", "coordinator.main", "--zone", host.zone,
-                    "--id", f"coord-{host.name}", "--listen", f"{host.address}:{PORT}",
-                    "--etcd", etcd.url, "--root", "/quire-hosts", "--redis", redis.url,
-                    "--spool-dir", str(host.workdir / "spool"),
-                    "--lease-ttl", str(LEASE_TTL), "--log-format", "json"]
-            c.coordinators[host.name] = host.service(
-                f"coordinator-{host.name}", argv, probe=lambda a=host.address: _listening(a))
-        for svc in c.coordinators.values():
-            svc.start(wait=False)
-        for svc in c.coordinators.values():
-            svc.wait_ready(60)
-        yield c
+        yield start_coordinators(h, etcd, h.hosts, root="/quire-hosts", lease_ttl=LEASE_TTL,
+                                 redis=redis)
 
 
 async def _primary(client: Client) -> tuple[str, tuple[str, ...]]:
-    """The journal's primary endpoint and its members' endpoints, as etcd has them."""
-    route = (await client.get_journal(JOURNAL)).route
-    where = {b.id: b.endpoint for b in await client.list_brokers()}
-    members = tuple(where.get(m, "") for m in route.members)
-    primary = members[route.primary] if 0 <= route.primary < len(members) else ""
-    return primary, members
-
-
-async def _until(what: str, timeout: float, check):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(QuireError, OSError, asyncio.TimeoutError):
-            last = await check()
-            if last:
-                return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+    return await primary_of(client, JOURNAL)
 
 
 class Appender:
@@ -149,16 +95,16 @@ class Appender:
         return max(b - a for a, b in zip(times, times[1:]))
 
 
-async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None:
+async def test_advertised_addresses_and_zone_spreading(cluster: HostsCluster) -> None:
     async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
         await client.apply([JournalSpec(name=JOURNAL, replication=3, fragment=FragmentSpec(
             length=1 << 20, compression_codec=Codec.NONE))])
-        await _until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
+        await until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
         async def all_members() -> list:  # type: ignore[type-arg]
             brokers = await client.list_brokers()
             return brokers if len(brokers) == len(cluster.endpoints) else []
 
-        brokers = await _until("every coordinator to be a member", 30, all_members)
+        brokers = await until("every coordinator to be a member", 30, all_members)
         assert sorted(b.endpoint for b in brokers) == sorted(cluster.endpoints)
         for b in brokers:
             host = ipaddress.ip_address(b.endpoint.rpartition(":")[0])
@@ -216,7 +162,7 @@ async def test_advertised_addresses_and_zone_spreading(cluster: Cluster) -> None
             await reader.close()
 
 
-async def test_persist_workers_fetch_fragments_across_hosts(cluster: Cluster, tmp_path) -> None:  # noqa: ANN001
+async def test_persist_workers_fetch_fragments_across_hosts(cluster: HostsCluster, tmp_path) -> None:  # noqa: ANN001
     """A persist worker on its own host fetches closed fragments from the coordinators
     at their advertised addresses and writes them to the store."""
     store = tmp_path / "store"
@@ -232,7 +178,7 @@ async def test_persist_workers_fetch_fragments_across_hosts(cluster: Cluster, tm
         await client.apply([JournalSpec(name=name, replication=3, fragment=FragmentSpec(
             length=1024, compression_codec=Codec.NONE, stores=(store.as_uri() + "/",),
             refresh_interval=1.0))])
-        await _until("the journal to take appends", 60, lambda: client.append(name, b""))
+        await until("the journal to take appends", 60, lambda: client.append(name, b""))
         first = await client.append(name, b"a" * 3000)
         await client.append(name, b"b" * 10)  # rolls the first fragment (3000 > 1024)
 
@@ -241,19 +187,19 @@ async def test_persist_workers_fetch_fragments_across_hosts(cluster: Cluster, tm
             return any(i.spec.begin == first.begin and i.spec.end == first.end and not i.local
                        for i in infos)
 
-        await _until("the first fragment to be persisted by the worker", 90, persisted)
+        await until("the first fragment to be persisted by the worker", 90, persisted)
         files = [p for p in store.rglob("*") if p.is_file()]
         assert any(p.stat().st_size == 3000 for p in files), files
     worker.stop()
 
 
-async def test_etcd_member_loss_then_primary_host_isolation(cluster: Cluster) -> None:
+async def test_etcd_member_loss_then_primary_host_isolation(cluster: HostsCluster) -> None:
     async with Client(cluster.endpoints, rpc_timeout=2.0, connect_timeout=1.0) as client:
-        await _until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
+        await until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
         appender = Appender(client)
         appender.start()
         try:
-            await _until("appends", 20, lambda: _true(appender.acks_after(0) >= 20))
+            await until("appends", 20, lambda: _true(appender.acks_after(0) >= 20))
             await _etcd_member_loss(cluster, client, appender)
             await _isolate_primary_host(cluster, client, appender)
             await _lose_etcd_quorum(cluster, client, appender)
@@ -266,7 +212,7 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def _etcd_member_loss(cluster: Cluster, client: Client, appender: Appender) -> None:
+async def _etcd_member_loss(cluster: HostsCluster, client: Client, appender: Appender) -> None:
     primary, _ = await _primary(client)
     host = cluster.host_at(primary)
     # The member the primary's coordinator holds a connection to (its client port).
@@ -291,7 +237,7 @@ async def _etcd_member_loss(cluster: Cluster, client: Client, appender: Appender
         victim.start()  # back with its data: three members again
 
 
-async def _isolate_primary_host(cluster: Cluster, client: Client, appender: Appender) -> None:
+async def _isolate_primary_host(cluster: HostsCluster, client: Client, appender: Appender) -> None:
     old, _ = await _primary(client)
     old_host = cluster.host_at(old)
     cluster.h.isolate(old_host)
@@ -302,13 +248,13 @@ async def _isolate_primary_host(cluster: Cluster, client: Client, appender: Appe
             return bool(primary) and primary != old and appender.acks_after(isolated_at) > 0 \
                 and any(at > isolated_at and cluster.host_at(primary) for *_, at in appender.acked)
 
-        await _until("another host's coordinator to take the journal", 40, moved)
+        await until("another host's coordinator to take the journal", 40, moved)
         taken = time.monotonic() - isolated_at
         gap = appender.longest_pause(isolated_at, time.monotonic())
         print(f"\nisolating the primary's host: new primary after {taken:.1f} s, appends "
               f"paused {gap:.1f} s at most (lease TTL {LEASE_TTL} s)")
         before = len(appender.acked)
-        await _until("appends through the new primary", 20,
+        await until("appends through the new primary", 20,
                      lambda: _true(len(appender.acked) >= before + 20))
     finally:
         cluster.h.heal(old_host)
@@ -317,12 +263,12 @@ async def _isolate_primary_host(cluster: Cluster, client: Client, appender: Appe
         primary, members = await _primary(client)
         return old in members and primary != old and len(members) == 3
 
-    await _until("the old primary to rejoin as a replica", 60, rejoined)
+    await until("the old primary to rejoin as a replica", 60, rejoined)
     before = len(appender.acked)
-    await _until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
+    await until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
 
 
-async def _lose_etcd_quorum(cluster: Cluster, client: Client, appender: Appender) -> None:
+async def _lose_etcd_quorum(cluster: HostsCluster, client: Client, appender: Appender) -> None:
     """Two of three etcd members down for over two lease TTLs, then back: appends
     resume by themselves (no coordinator restarted), and the final check finds no
     acknowledged append lost or overwritten (two primaries would have overwritten)."""
@@ -339,7 +285,7 @@ async def _lose_etcd_quorum(cluster: Cluster, client: Client, appender: Appender
             member.wait_ready(60)
     back_at = time.monotonic()
     during = appender.acks_after(lost_at) - appender.acks_after(back_at)
-    await _until("appends after etcd's quorum came back", 60,
+    await until("appends after etcd's quorum came back", 60,
                  lambda: _true(appender.acks_after(back_at) >= 20))
     resumed = min(at for *_, at in appender.acked if at > back_at) - back_at
     print(f"\netcd quorum lost for {back_at - lost_at:.1f} s: {during} appends acknowledged "
@@ -361,7 +307,7 @@ async def _check_every_ack(client: Client, appender: Appender) -> None:
     assert not missing, f"{len(missing)} acknowledged appends missing or different: {missing[:5]}"
 
 
-async def test_append_in_flight_across_primary_isolation(cluster: Cluster, tmp_path) -> None:  # noqa: ANN001
+async def test_append_in_flight_across_primary_isolation(cluster: HostsCluster, tmp_path) -> None:  # noqa: ANN001
     """An append whose stream the primary has begun when its host is isolated (the
     commit then sent into the cut link: no RST, a silent socket) gets an answer, and an
     identified append sent to it meanwhile is acknowledged by the new primary, within
@@ -375,7 +321,7 @@ async def test_append_in_flight_across_primary_isolation(cluster: Cluster, tmp_p
             primary, members = await _primary(client)
             return (primary, members) if primary and len(members) == 3 and all(members) else None
 
-        old, _ = await _until("a primary with three members", 60, settled)
+        old, _ = await until("a primary with three members", 60, settled)
         # The route cached, then two pooled connections to the primary, so both appends
         # below go straight to it.
         await client.append(JOURNAL, b"warm\n")
@@ -440,7 +386,7 @@ async def test_append_in_flight_across_primary_isolation(cluster: Cluster, tmp_p
             primary, members = await _primary(client)
             return old in members and primary != old and len(members) == 3
 
-        await _until("the old primary to rejoin as a replica", 60, rejoined)
+        await until("the old primary to rejoin as a replica", 60, rejoined)
         content = bytearray()
         async for offset, data in client.read(JOURNAL, r.begin, end_offset=r.end):
             content += data

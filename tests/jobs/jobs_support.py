@@ -16,13 +16,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from protocol import FragmentSpec, JournalSpec, LabelSet
+from protocol.errors import JournalNotFound
 from protocol.job import JobRun
 from quire.client import SyncClient
 from tests.workers.workers_support import REPO, _run, coordinator, worker_env
@@ -70,6 +72,7 @@ class Writer(threading.Thread):
         self.stop_flag = threading.Event()
         self.sent = {j: 0 for j in journals}
         self.errors: list[str] = []
+        self.stopped = False
 
     def run(self) -> None:
         n = 0
@@ -87,8 +90,13 @@ class Writer(threading.Thread):
             self.stop_flag.wait(0.1)
 
     def stop(self) -> None:
+        """Stop appending and close the client (once: a second call does nothing)."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.stop_flag.set()
-        self.join(30)
+        if self.is_alive():
+            self.join(30)
         self.client.close()
 
 
@@ -236,7 +244,7 @@ class Cluster:
         assert self.client is not None
         try:
             data = self.client.read_all(journal, 0)
-        except Exception:  # noqa: BLE001 - not created yet
+        except JournalNotFound:  # not created yet (any other error fails the test)
             return []
         return [json.loads(line) for line in data.splitlines() if line.strip()]
 
@@ -254,3 +262,29 @@ class Cluster:
 
 def decode_run(raw: bytes) -> JobRun:
     return msgspec.json.decode(raw, type=JobRun)
+
+
+@contextmanager
+def single_job_cluster(etcd: EtcdService, root: str, redis_url: str,
+                       tmp: Path) -> Iterator[tuple[Cluster, Writer]]:
+    """One coordinator for every journal, a pulse worker, a jobs worker, beat, and a
+    Writer appending to JOURNALS; the cluster's logs printed if the body fails, and
+    everything stopped afterwards."""
+    cluster = Cluster(etcd=etcd, root=root, redis_url=redis_url, tmp=tmp)
+    writer = None
+    try:
+        cluster.start_single()
+        cluster.start_worker(concurrency=4, queues=("pulse",))
+        cluster.start_worker(concurrency=4)
+        cluster.start_beat()
+        writer = Writer(cluster.endpoints, JOURNALS)
+        writer.start()
+        yield cluster, writer
+    except BaseException:
+        print(cluster.dump(60))
+        raise
+    finally:
+        if writer is not None:
+            writer.stop()
+        cluster.close()
+

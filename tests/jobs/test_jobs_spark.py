@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.jobs.jobs_support import JOURNALS, OUTPUT, REPO, WINDOW, Cluster, Writer, wait_until
+from tests.jobs.jobs_support import OUTPUT, REPO, WINDOW, single_job_cluster, wait_until
 from tests.jobs.test_jobs_e2e import _succeeded
 
 pytestmark = [pytest.mark.spark, pytest.mark.long, pytest.mark.timeout(1500),
@@ -28,15 +28,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.long, pytest.mark.timeout(1500),
 
 def test_spark_target_writes_a_window_once_through_the_sink(etcd, etcd_root, redis_db,
                                                              tmp_path) -> None:
-    cluster = Cluster(etcd=etcd, root=etcd_root, redis_url=redis_db.url, tmp=tmp_path)
-    writer = None
-    try:
-        cluster.start_single()
-        cluster.start_worker(concurrency=4, queues=("pulse",))
-        cluster.start_worker(concurrency=4)
-        cluster.start_beat()
-        writer = Writer(cluster.endpoints, JOURNALS)
-        writer.start()
+    with single_job_cluster(etcd, etcd_root, redis_db.url, tmp_path) as (cluster, writer):
         cluster.apply_job({"name": "spark", "selector": "topic=job-events",
                            "window": f"{WINDOW}s", "output": OUTPUT, "max_concurrent": 1,
                            "target": {"kind": "spark", "name": "window_counts"},
@@ -45,7 +37,6 @@ def test_spark_target_writes_a_window_once_through_the_sink(etcd, etcd_root, red
         ran = wait_until(lambda: _succeeded(cluster, "spark"), 900, "a Spark run to succeed")[0]
         cluster.cli("jobs", "delete", "spark")  # no more runs: the rows below are this one's
         writer.stop()
-        writer = None
         key = f"job/spark/{ran.window_start}"
         assert ran.result["idempotency_key"] == key, ran.result
 
@@ -75,10 +66,3 @@ def test_spark_target_writes_a_window_once_through_the_sink(etcd, etcd_root, red
         assert json.loads(again.stdout.strip().splitlines()[-1])["messages"] == \
             ran.result["messages"]
         assert rows() == first  # nothing landed twice
-    except BaseException:
-        print(cluster.dump(60))
-        raise
-    finally:
-        if writer is not None:
-            writer.stop()
-        cluster.close()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("coordinator", "workers", "quire.client", "tools.cli", "chaos", "tests")
-CLIENT_USERS = {"stream.py", "tail.py", "appender.py", "exactly_once.py", "jobs/minute_counts.py",
-                "jobs/dask_targets.py"}
+CLIENT_USERS = {"stream.py", "stream_plan.py", "tail.py", "appender.py", "exactly_once.py",
+                "jobs/minute_counts.py", "jobs/dask_targets.py"}
 """spark/ modules that may import quire.client (streams and the sink; see above)."""
 
 

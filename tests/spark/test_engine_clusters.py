@@ -10,7 +10,7 @@ scheduler gives exactly the rows of Dask's local scheduler and of the store's co
 with tasks on both worker hosts.
 
 A streaming query on the standalone cluster, against coordinators on other hosts, is
-tests/spark/test_stream_on_hosts.py.
+tests/spark/test_stream_on_hosts.py; on the Dask cluster, tests/spark/test_dask_stream_on_hosts.py.
 
 The Spark test is long (a master, two workers and a driver: four JVMs; 7 min on the
 shared 2-core VM at load 15-22) and runs when QUIRE_TEST_LONG=1; the Dask test (~1 min

@@ -5,8 +5,6 @@ content that was never rolled, then started again on the same spool directory.""
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
 from pathlib import Path
 
 import pytest
@@ -16,25 +14,13 @@ from quire.client.client import Client
 from protocol import FragmentSpec, JournalSpec
 from tools.services import free_port
 
+from tests.coordinator.cluster import until
+
 from .workers_support import appendable, coordinator
 
 pytestmark = pytest.mark.timeout(180)
 
 J = "acme/drain/part-000"
-
-
-async def until(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)  # polling other processes' observable state
-
 
 
 async def _read(qc: Client, end: int) -> bytes:

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import time
 import uuid
 
 import pytest
@@ -41,25 +40,14 @@ from protocol import FragmentSpec, JournalSpec, ReadRequest, ReadResponse, ReadC
 from protocol.fragment import Codec
 from tools.services import CeleryWorkerService, free_port
 
-from tests.coordinator.cluster import Cluster, Conn, make_workdir, scrape_metric, wait_appendable
+from tests.coordinator.cluster import (Cluster, Conn, make_workdir, scrape_metric, until,
+                                     wait_appendable)
 
 from .workers_support import worker_env
 
 pytestmark = pytest.mark.timeout(300)
 
 J = "safety/replaced-tail"
-
-
-async def until(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.2)  # polling other processes' observable state
 
 
 async def held_at(endpoint: str, offset: int, end: int) -> bytes:

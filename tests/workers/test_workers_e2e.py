@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import os
 import shutil
 import time
@@ -20,22 +19,11 @@ from quire.client.client import Client
 from protocol import FragmentSpec, JournalSpec
 from tools.services import free_port
 
+from tests.coordinator.cluster import until
+
 from .workers_support import appendable, coordinator, s3_url, scrape
 
 J = "acme/e2e/part-000"
-
-
-async def until(cond, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 @pytest.mark.parametrize("kind", ["s3", "file"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from .process import Service, wait_for
 
-__all__ = ["ErrFs", "errfs", "fill", "tmpfs", "unmount"]
+__all__ = ["ErrFs", "errfs", "fill", "mounted", "tmpfs", "unmount"]
 
 PREFIX = "quire-faults-"
 
@@ -38,9 +39,24 @@ def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
 
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mounts writes it (space, tab, newline, backslash in octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounted(path: str | Path) -> bool:
+    """Whether `path` is a mount point, from the kernel's mount table. Never a stat of
+    the path itself (what os.path.ismount does): on a FUSE mount that stat is a request
+    to the filesystem's process, and one that is stopped or stuck never answers it."""
+    want = os.path.abspath(path)
+    with open("/proc/self/mounts") as f:
+        return any(len(fields) > 1 and _unescape(fields[1]) == want
+                   for fields in (line.split() for line in f))
+
+
 def unmount(path: str | Path) -> None:
     """Unmount `path` if mounted (lazily: a process still holding files keeps them)."""
-    if os.path.ismount(path):
+    if mounted(path):
         subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
@@ -126,7 +142,7 @@ def errfs(size: int = 64 << 20, name: str = "spool", direct_io: bool = False) ->
         service = Service(f"errfs-{uuid.uuid4().hex[:6]}",
                           [sys.executable, "-m", "tools.services.errfs", str(backing), str(mnt),
                            str(control), *(["--direct-io"] if direct_io else [])],
-                          probe=lambda: os.path.ismount(mnt), ready_timeout=30.0)
+                          probe=lambda: mounted(mnt), ready_timeout=30.0)
         try:
             service.start()
             yield ErrFs(mnt, control, service, backing)
@@ -135,4 +151,4 @@ def errfs(size: int = 64 << 20, name: str = "spool", direct_io: bool = False) ->
             unmount(mnt)
             service.stop()
             service.close()
-            wait_for(lambda: not os.path.ismount(mnt), timeout=10.0, what="errfs unmounted")
+            wait_for(lambda: not mounted(mnt), timeout=10.0, what="errfs unmounted")
