@@ -11,6 +11,10 @@ reference's primary, replicas and client. On a
 shared 2-vCPU machine the rates swing with other work; the CPU per append moves much
 less, so it is the figure to compare versions by (run both back to back, alternating).
 `--profile DIR`: py-spy (raw, 250 Hz) of quire's primary and the client in the last round.
+`--journals N`: the many-journal case of `quire bench` (task i appends to journal i mod N,
+primaries spread over the three coordinators; the reference spreads its N the same way);
+every coordinator is then a primary, so processes are named by their suffix and the
+journals they lead (`coord-<suffix>-p<k>`), and `--profile` records the busiest one.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,7 +69,10 @@ async def _measure(pids: dict[str, int], run: Any) -> dict[str, Any]:
 
 def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("py-spy")
-    return subprocess.Popen([str(exe) if exe.exists() else "py-spy", "record", "--pid", str(pid),
+    found = str(exe) if exe.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy) beside python or on PATH")
+    return subprocess.Popen([found, "record", "--pid", str(pid),
                              "-r", "250", "-d", str(max(1, int(seconds))), "-f", "raw",
                              "-o", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -73,37 +81,50 @@ def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
 async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef) -> dict[str, Any]:
     client = Client(cluster.endpoints, retry_timeout=30)
     try:
-        await client.apply([JournalSpec(name=JOURNAL, replication=3, fragment=FragmentSpec(
-            compression_codec=Codec.NONE))])
-        await client.append(JOURNAL, b"", retry_timeout=60)
-        entry = await client.get_journal(JOURNAL)
-        primary = entry.route.members[entry.route.primary].suffix
-        quire_pids = {("primary" if c.suffix == primary else f"replica-{c.suffix}"): c.pid
-                      for c in cluster.coordinators if c.pid is not None}
+        n = args.journals
+        names = [JOURNAL] if n <= 1 else [f"{JOURNAL}-{i}" for i in range(n)]
+        await client.apply([JournalSpec(name=j, replication=3, fragment=FragmentSpec(
+            compression_codec=Codec.NONE)) for j in names])
+        leads: dict[str, int] = {}
+        for j in names:
+            await client.append(j, b"", retry_timeout=60)
+            entry = await client.get_journal(j)
+            suffix = entry.route.members[entry.route.primary].suffix
+            leads[suffix] = leads.get(suffix, 0) + 1
+        if n <= 1:
+            quire_pids = {("primary" if c.suffix in leads else f"replica-{c.suffix}"): c.pid
+                          for c in cluster.coordinators if c.pid is not None}
+        else:
+            quire_pids = {f"coord-{c.suffix}-p{leads.get(c.suffix, 0)}": c.pid
+                          for c in cluster.coordinators if c.pid is not None}
+        busiest = max(quire_pids, key=lambda k: (k == "primary", k.rpartition("-p")[2]))
+        target: Any = JOURNAL if n <= 1 else names
         ref_pids = {"primary": ref._procs[0].pid, "replica-1": ref._procs[1].pid,  # noqa: SLF001
                     "replica-2": ref._procs[2].pid}
         size, conc, secs = args.size, args.conc, args.seconds
-        await append_case(client, JOURNAL, size, conc, seconds=1.0)  # warm up
-        await ref_case(ref, size, conc, seconds=1.0)
+        await append_case(client, target, size, conc, seconds=1.0)  # warm up
+        await ref_case(ref, size, conc, seconds=1.0, journals=max(n, 1))
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             spies = []
             if args.profile and r == args.rounds - 1:
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
-                spies = [_spy(quire_pids["primary"], Path(args.profile) / "primary.txt", secs),
+                spies = [_spy(quire_pids[busiest], Path(args.profile) / "primary.txt", secs),
                          _spy(os.getpid(), Path(args.profile) / "client.txt", secs)]
                 await asyncio.sleep(1.0)  # py-spy attaches
-            q = await _measure(quire_pids, lambda: append_case(client, JOURNAL, size, conc, seconds=secs))
+            q = await _measure(quire_pids, lambda: append_case(client, target, size, conc, seconds=secs))
             for p in spies:
                 p.wait()
-            p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs))
+            p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs,
+                                                              journals=max(n, 1)))
             q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
             rounds.append({"quire": q, "pipeline": p_})
             print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']} "
                   f"(sys {q['sys_us_per_append']})  |  pipeline {p_['ops_per_s']:,.0f}/s cpu "
                   f"{p_['cpu_us_per_append']} (sys {p_['sys_us_per_append']})  |  "
                   f"ratio {q['ratio_vs_pipeline']}  load {q['load_avg_1m']:.1f}", flush=True)
-        return {"size": size, "concurrency": conc, "seconds": secs, "rounds": rounds}
+        return {"size": size, "concurrency": conc, "journals": max(n, 1), "seconds": secs,
+                "rounds": rounds}
     finally:
         await client.close()
 
@@ -114,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--journals", type=int, default=1)
     ap.add_argument("--profile", metavar="DIR")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)

@@ -26,3 +26,16 @@ def test_cpu_per_append_of_every_process_beside_the_reference(tmp_path: Path) ->
     for side in (quire, ref):  # the system part of each process's CPU
         assert all(0 <= side["sys_us_per_append"][k] <= side["cpu_us_per_append"][k] + 0.1
                    for k in side["sys_us_per_append"])
+
+
+def test_many_journals_name_every_coordinator_by_the_journals_it_leads(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    assert main(["--seconds", "0.5", "--rounds", "1", "--conc", "6", "--journals", "3",
+                 "--json", str(out)]) == 0
+    fig = json.loads(out.read_text())
+    assert fig["journals"] == 3
+    (one,) = fig["rounds"]
+    coords = [k for k in one["quire"]["cpu_us_per_append"] if k.startswith("coord-")]
+    assert len(coords) == 3
+    assert sum(int(k.rpartition("-p")[2]) for k in coords) == 3  # each journal has one primary
+    assert one["quire"]["ops_per_s"] > 0 and one["pipeline"]["ops_per_s"] > 0
