@@ -22,9 +22,7 @@ and re-runs an uncommitted one without appending anything twice.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,34 +65,15 @@ def _client(scheduler: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from protocol.discovery import effective_env
-
     from spark.dask_stream import BatchResult, DaskStreamQuery
-    from spark.jobs.minute_counts import StreamParams, _pairs, prepare
+    from spark.jobs.minute_counts import stream_params, stream_parser
 
-    p = argparse.ArgumentParser(description=f"{NAME}: per-minute event counts per key, "
-                                             "from journals into a journal, on Dask")
+    p = stream_parser(f"{NAME}: per-minute event counts per key, from journals into a "
+                      "journal, on Dask")
     p.add_argument("--scheduler", default="", help="tcp://HOST:PORT (default: a local cluster)")
-    p.add_argument("--brokers", default=effective_env().get("QUIRE_BROKER", ""))
-    p.add_argument("--selector", default="")
-    p.add_argument("--journal", default="", help="source journal(s), comma-separated")
-    p.add_argument("--out-journal", required=True)
-    p.add_argument("--store", default="")
-    p.add_argument("--checkpoint", default="")
-    p.add_argument("--max-bytes-per-trigger", type=int, default=0)
     p.add_argument("--trigger-seconds", type=float, default=1.0)
-    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
-                   help="source option, e.g. s3.endpoint=URL (repeatable)")
-    p.add_argument("--until-idle", action="store_true",
-                   help="stop once everything appended so far is counted")
     ns = p.parse_args(argv)
-    if not ns.brokers or not (ns.selector or ns.journal):
-        p.error("give --brokers (or $QUIRE_BROKER) and --selector or --journal")
-    params = prepare(StreamParams(
-        brokers=ns.brokers, out_journal=ns.out_journal, store=ns.store, selector=ns.selector,
-        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger,
-        options=_pairs(p, "--option", ns.option),
-        checkpoint=ns.checkpoint or tempfile.mkdtemp(prefix="quire-dask-minute-counts-")))
+    params = stream_params(p, ns, "quire-dask-minute-counts-")
 
     def report(r: BatchResult) -> None:
         again = " (re-run: planned by an earlier driver)" if r.rerun else ""

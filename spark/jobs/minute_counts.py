@@ -148,12 +148,12 @@ def _pairs(p: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str,
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from spark.jobs.common import session
-
-    p = argparse.ArgumentParser(description=f"{NAME}: {DESCRIPTION}")
+def stream_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of a minute-counts job's source, output and checkpoint, shared by the
+    Spark job and the Dask one (spark.jobs.dask_minute_counts)."""
     from protocol.discovery import effective_env
 
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--brokers", default=effective_env().get("QUIRE_BROKER", ""))
     p.add_argument("--selector", default="")
     p.add_argument("--journal", default="", help="source journal(s), comma-separated")
@@ -161,23 +161,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--store", default="")
     p.add_argument("--checkpoint", default="")
     p.add_argument("--max-bytes-per-trigger", type=int, default=0)
-    p.add_argument("--master", default=None)
     p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
                    help="source option, e.g. s3.endpoint=URL (repeatable)")
+    p.add_argument("--until-idle", action="store_true",
+                   help="stop once everything appended so far is counted")
+    return p
+
+
+def stream_params(p: argparse.ArgumentParser, ns: argparse.Namespace,
+                  checkpoint_prefix: str) -> StreamParams:
+    """The parsed flags of `stream_parser` as checked StreamParams (a temporary
+    checkpoint directory if none was given)."""
+    if not ns.brokers or not (ns.selector or ns.journal):
+        p.error("give --brokers (or $QUIRE_BROKER) and --selector or --journal")
+    return prepare(StreamParams(
+        brokers=ns.brokers, out_journal=ns.out_journal, store=ns.store, selector=ns.selector,
+        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger,
+        options=_pairs(p, "--option", ns.option),
+        checkpoint=ns.checkpoint or tempfile.mkdtemp(prefix=checkpoint_prefix)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from spark.jobs.common import session
+
+    p = stream_parser(f"{NAME}: {DESCRIPTION}")
+    p.add_argument("--master", default=None)
     p.add_argument("--conf", "-c", action="append", default=[], metavar="KEY=VALUE",
                    help="Spark configuration, e.g. spark.driver.host=ADDRESS (repeatable)")
     p.add_argument("--restarts", type=int, default=0, metavar="N",
                    help="start a failed query again from its checkpoint, up to N times")
-    p.add_argument("--until-idle", action="store_true",
-                   help="stop once everything appended so far is counted")
     ns = p.parse_args(argv)
-    if not ns.brokers or not (ns.selector or ns.journal):
-        p.error("give --brokers (or $QUIRE_BROKER) and --selector or --journal")
-    options, conf = _pairs(p, "--option", ns.option), _pairs(p, "--conf", ns.conf)
-    params = prepare(StreamParams(
-        brokers=ns.brokers, out_journal=ns.out_journal, store=ns.store, selector=ns.selector,
-        journal=ns.journal, max_bytes_per_trigger=ns.max_bytes_per_trigger, options=options,
-        checkpoint=ns.checkpoint or tempfile.mkdtemp(prefix="quire-minute-counts-")))
+    params = stream_params(p, ns, "quire-minute-counts-")
+    conf = _pairs(p, "--conf", ns.conf)
     spark = session(f"quire-{NAME}", ns.master, conf)
     spark.sparkContext.setLogLevel("ERROR")
     try:

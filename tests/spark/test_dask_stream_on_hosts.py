@@ -22,14 +22,14 @@ every broker advertises its host's address.
 from __future__ import annotations
 
 import collections
-import ipaddress
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.spark.test_stream_on_hosts import (  # noqa: F401 (quire_hosts is a fixture)
-    OUT, SOURCES, STORE, TOPIC, Counts, QuireOnHosts, _append, _events, _output, quire_hosts)
+    OUT, SOURCES, STORE, TOPIC, Counts, QuireOnHosts, _append, _events, _output, quire_hosts,
+    _sources_with_a_first_wave)
 from tools.hosts import available
 
 _REASON = available()
@@ -43,7 +43,6 @@ def test_dask_stream_on_a_distributed_cluster_across_hosts(
         quire_hosts: QuireOnHosts, tmp_path: Path) -> None:
     import distributed
 
-    from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
     from quire.client import SyncClient
     from spark.dask_stream import DaskStreamQuery
     from spark.jobs.dask_minute_counts import SCHEMA, count_minutes
@@ -56,15 +55,7 @@ def test_dask_stream_on_a_distributed_cluster_across_hosts(
     checkpoint = tmp_path / "checkpoint"
     want: Counts = collections.Counter()
     with SyncClient(quire_hosts.endpoints) as client:
-        advertised = {b.endpoint.rpartition(":")[0] for b in client.list_brokers()}
-        assert advertised == {h[1].address, h[2].address}
-        assert not any(ipaddress.ip_address(a).is_loopback for a in advertised)
-        client.apply([JournalSpec(
-            name=j, replication=2, labels=LabelSet.of(topic=TOPIC),
-            fragment=FragmentSpec(length=2048, compression_codec=Codec.GZIP, stores=(STORE,),
-                                  refresh_interval=1.0)) for j in SOURCES])
-        client.wait_writable(SOURCES, timeout=60)
-        _append(client, _events(0, 300, range(0, 7), 3), want)
+        _sources_with_a_first_wave(client, quire_hosts, want)
         wait_for(lambda: all(quire_hosts.persisted_end(j) > 0 for j in SOURCES),
                  timeout=120, what="fragments of every source journal in S3")
         prepare(StreamParams(brokers=brokers, out_journal=OUT, checkpoint=str(checkpoint),

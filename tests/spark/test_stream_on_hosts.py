@@ -147,6 +147,23 @@ def _append(client: Any, events: list[dict[str, str]], want: Counts) -> None:
             want[(e["ts"][:17] + "00Z", e["key"])] += 1
 
 
+def _sources_with_a_first_wave(client: Any, quire_hosts: QuireOnHosts, want: Counts) -> None:
+    """Check that every broker advertises its host's address (none loopback), apply the
+    source journals (R=2, 2 KiB fragments into S3) and append a first wave of events."""
+    from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
+
+    h = quire_hosts.harness.hosts
+    advertised = {b.endpoint.rpartition(":")[0] for b in client.list_brokers()}
+    assert advertised == {h[1].address, h[2].address}
+    assert not any(ipaddress.ip_address(a).is_loopback for a in advertised)
+    client.apply([JournalSpec(
+        name=j, replication=2, labels=LabelSet.of(topic=TOPIC),
+        fragment=FragmentSpec(length=2048, compression_codec=Codec.GZIP, stores=(STORE,),
+                              refresh_interval=1.0)) for j in SOURCES])
+    client.wait_writable(SOURCES, timeout=60)
+    _append(client, _events(0, 300, range(0, 7), 3), want)
+
+
 def _output(client: Any) -> tuple[Counts, set[int]]:
     """The output journal's counts summed per (minute, key), and its batch ids."""
     got: Counts = collections.Counter()
@@ -179,7 +196,6 @@ def _until_counted(client: Any, driver: Any, total: int, timeout: float) -> tupl
 
 def test_minute_counts_stream_on_a_standalone_cluster_across_hosts(
         quire_hosts: QuireOnHosts, tmp_path: Path) -> None:
-    from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
     from quire.client import SyncClient
     from tests.spark.stream_helpers import wait_for
     from tools.services import Service
@@ -188,17 +204,7 @@ def test_minute_counts_stream_on_a_standalone_cluster_across_hosts(
     h = quire_hosts.harness.hosts
     want: Counts = collections.Counter()
     with SyncClient(quire_hosts.endpoints) as client:
-        # Real addresses: every broker advertises its host's address, none loopback.
-        advertised = {b.endpoint.rpartition(":")[0] for b in client.list_brokers()}
-        assert advertised == {h[1].address, h[2].address}
-        assert not any(ipaddress.ip_address(a).is_loopback for a in advertised)
-
-        client.apply([JournalSpec(
-            name=j, replication=2, labels=LabelSet.of(topic=TOPIC),
-            fragment=FragmentSpec(length=2048, compression_codec=Codec.GZIP, stores=(STORE,),
-                                  refresh_interval=1.0)) for j in SOURCES])
-        client.wait_writable(SOURCES, timeout=60)
-        _append(client, _events(0, 300, range(0, 7), 3), want)
+        _sources_with_a_first_wave(client, quire_hosts, want)
         first_total = sum(want.values())
         # History in S3 on h3 before the query starts: the first micro-batches read it
         # from the store (fragments the Celery worker fetched from the coordinators).
