@@ -76,6 +76,13 @@ async def primary_of(client: Client, journal: str) -> tuple[str, tuple[str, ...]
     return primary, members
 
 
+class NotYet(str):
+    """A falsy answer of a `check` that says what it saw (`until` names the last one)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
 async def until(what: str, timeout: float, check):  # noqa: ANN001, ANN201
     """Await `check()` until it is truthy (errors of an unsettled cluster count as not
     yet) and return it; fail naming `what` and the last answer after `timeout` s."""

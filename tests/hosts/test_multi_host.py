@@ -29,7 +29,8 @@ from protocol.errors import CommitUnknown, QuireError
 from protocol.fragment import Codec
 from quire.client import Client, Producer
 from tests.coordinator.cluster import Conn
-from tests.hosts.hosts_cluster import HostsCluster, primary_of, start_coordinators, until
+from tests.hosts.hosts_cluster import (HostsCluster, NotYet, primary_of, start_coordinators,
+                                      until)
 from tools.hosts import HostHarness
 from tools.services import CeleryWorkerService, RedisService, wait_for
 
@@ -259,11 +260,12 @@ async def _isolate_primary_host(cluster: HostsCluster, client: Client, appender:
     finally:
         cluster.h.heal(old_host)
 
-    async def rejoined() -> bool:
+    async def rejoined() -> bool | NotYet:
         primary, members = await _primary(client)
-        return old in members and primary != old and len(members) == 3
+        return (old in members and primary != old and len(members) == 3) or \
+            NotYet(f"primary {primary}, members {members}")
 
-    await until("the old primary to rejoin as a replica", 60, rejoined)
+    await until("the old primary to rejoin as a replica", 90, rejoined)
     before = len(appender.acked)
     await until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
 
@@ -382,11 +384,12 @@ async def test_append_in_flight_across_primary_isolation(cluster: HostsCluster, 
             watcher.cancel()
             cluster.h.heal(old_host)
 
-        async def rejoined() -> bool:
+        async def rejoined() -> bool | NotYet:
             primary, members = await _primary(client)
-            return old in members and primary != old and len(members) == 3
+            return (old in members and primary != old and len(members) == 3) or \
+                NotYet(f"primary {primary}, members {members}")
 
-        await until("the old primary to rejoin as a replica", 60, rejoined)
+        await until("the old primary to rejoin as a replica", 90, rejoined)
         content = bytearray()
         async for offset, data in client.read(JOURNAL, r.begin, end_offset=r.end):
             content += data
