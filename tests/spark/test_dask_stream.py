@@ -84,9 +84,13 @@ def test_dask_stream_restarted_driver_counts_every_event_once(
         second = Service("dask-stream-driver-2", [*argv, "--until-idle"],
                          workdir=tmp_path / "driver-2")
         second.start()
-        wait_for(lambda: not second.running, timeout=300, what="the restarted driver to finish")
-        log = second.log_text()
-        assert second.returncode == 0, second.log_tail(60)
+        try:
+            wait_for(lambda: not second.running, timeout=300,
+                     what="the restarted driver to finish")
+            log = second.log_text()
+            assert second.returncode == 0, second.log_tail(60)
+        finally:
+            second.stop()  # exited by itself: reaped and no longer tracked as live
         got, batches = output(client)
     assert "micro-batch 1 (re-run: planned by an earlier driver)" in log
     assert got == want  # every event counted once: the re-run batch landed once
