@@ -8,8 +8,8 @@ from protocol import Status
 
 
 def test_a_new_primary_is_proxied_to_at_once() -> None:
-    d = decide_reproxy(Status.OK, False, "10.0.0.3:8080", "10.0.0.2:8080", 0.01, 5.0)
-    assert (d.action, d.endpoint) == (Reproxy.PROXY, "10.0.0.3:8080")
+    d = decide_reproxy(Status.OK, False, "127.0.0.3:8080", "127.0.0.2:8080", 0.01, 5.0)
+    assert (d.action, d.endpoint) == (Reproxy.PROXY, "127.0.0.3:8080")
 
 
 def test_the_same_primary_is_tried_again_only_after_a_connect_timeout() -> None:
