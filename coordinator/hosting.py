@@ -102,7 +102,10 @@ class Hosting:
                 async with Membership(self.client, cfg.root, spec, cfg.lease_ttl,
                                       wait_absent=cfg.lease_ttl + 5) as member:
                     self.membership = member
-                    self.resolver.may_lead = lambda: member.in_good_standing
+                    # Our view is current only in good standing and once the keyspace
+                    # has caught up with the revision that standing dates from.
+                    self.resolver.may_lead = lambda: (member.in_good_standing and
+                                                      ks.revision >= member.standing_revision)
                     member.on_standing.append(self._on_standing)
                     ks.on_change.append(lambda _ks: self._changed.set())
                     yield self

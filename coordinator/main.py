@@ -8,6 +8,9 @@ from typing import Optional
 
 import typer
 
+from protocol.runtime import tune_gc_for_server
+
+
 def command(
     zone: Optional[str] = typer.Option(None, "--zone", help="Failure zone of this member."),
     id: Optional[str] = typer.Option(None, "--id", help="Member suffix (unique within the zone)."),
@@ -85,6 +88,7 @@ def command(
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     server_holder: list = []
+    tune_gc_for_server()  # (protocol/runtime.py: the start-up heap is never rescanned)
 
     async def main() -> None:
         server = Server(cfg, persister)

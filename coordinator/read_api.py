@@ -72,6 +72,16 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
     # A member's own replica; or, for a gap read (held_only), what a former member
     # still holds of the journal (kept until persisted: read_relay.gap_holders).
     replica = held if held is not None else broker.replica(req.journal)
+    if held is None and not res.current and (req.offset == -1 or req.offset >= replica.write_head):
+        # Our head may predate what happened while our lease was unconfirmed or our
+        # watch was behind (a new primary, its appends): we do not tell it, and do not
+        # wait at it. Bytes below it were committed and are served as usual.
+        await conn.send(ReadResponse(
+            status=Status.UNAVAILABLE, header=res.header,
+            message=f"member {res.header.process_id} cannot vouch for the write head of "
+                    f"{req.journal}: its lease is unconfirmed or its view of etcd is catching "
+                    f"up; ask another member"))
+        return True
     gone = _Gone(conn)
     try:
         keep = await _stream(broker, conn, req, res, replica, gone)

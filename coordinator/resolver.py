@@ -31,6 +31,9 @@ class Resolution:
     assignments: list[Assignment] = field(default_factory=list)
     is_primary: bool = False
     is_member: bool = False
+    current: bool = True
+    """This member can vouch for its view (Resolver.may_lead): False while its lease is
+    unconfirmed or its keyspace is older than its standing (topology/membership.py)."""
 
     @property
     def primary_endpoint(self) -> str | None:
@@ -48,10 +51,11 @@ class Resolver:
         self.me = me
         self.revision_wait = revision_wait
         self.may_lead: Callable[[], bool] = lambda: True
-        """False while our membership lease cannot be vouched for (Membership's
-        standing): we then resolve as if our journals had no primary, so appends here
-        fail with NO_JOURNAL_PRIMARY_BROKER (the client retries elsewhere) and our
-        pipelines' fences refuse to acknowledge."""
+        """False while our view cannot be vouched for (Membership's standing, and the
+        keyspace caught up with it): we then resolve as if our journals had no primary,
+        so appends here fail with NO_JOURNAL_PRIMARY_BROKER (the client retries
+        elsewhere), our pipelines' fences refuse to acknowledge, and no write head is
+        told from here (read_api.py)."""
 
     async def resolve(self, journal: str, *, min_revision: int = 0,
                       require_primary: bool = False) -> Resolution:
@@ -73,7 +77,8 @@ class Resolver:
         header = self._header(route)
         is_member = self.me is not None and route.index_of(self.me) >= 0
         is_primary = self.me is not None and route.primary_id == self.me
-        if is_primary and not self.may_lead():
+        current = not is_member or self.may_lead()
+        if is_primary and not current:
             # Stepped down until etcd confirms our lease again: no primary here.
             route = msgspec.structs.replace(route, primary=-1)
             header = self._header(route)
@@ -84,7 +89,8 @@ class Resolver:
             status = Status.NO_JOURNAL_PRIMARY_BROKER
         else:
             status = Status.OK
-        return Resolution(status, header, entry.spec, route, assignments, is_primary, is_member)
+        return Resolution(status, header, entry.spec, route, assignments, is_primary, is_member,
+                          current)
 
     def _header(self, route: Route) -> Header:
         etcd = self.keyspace.etcd

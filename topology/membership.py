@@ -26,6 +26,14 @@ after t). `in_good_standing` is true while that bound minus a margin lies ahead,
 member cut off from etcd (etcd paused or partitioned away) stops acting on its lease —
 e.g. as a journal's primary — before etcd could expire it and hand its work to others.
 `on_standing` callbacks hear each change (False: stop leading; True: confirmed again).
+
+*Current view.* Standing says our lease lives; it does not say our mirror of the keyspace
+is up to date. A member back from an isolation longer than its TTL re-announces (or, back
+from a shorter one, is confirmed again) while its watch may still be replaying what
+happened meanwhile — a new primary, appends it took. `standing_revision` is etcd's
+revision when our standing was last established (the announce, or the refresh that ended
+a doubt): a view older than it may predate that, and a member acts on its view (leads a
+journal, tells a reader the write head) only once its keyspace has reached it.
 """
 
 from __future__ import annotations
@@ -121,6 +129,8 @@ class Membership:
         self.valid_until = 0.0
         """Monotonic time until which etcd cannot have expired our lease."""
         self.on_standing: list[Callable[[bool], None]] = []
+        self.standing_revision = 0
+        """etcd's revision when our standing was last established (module doc)."""
         """Sync callbacks, called with False when the lease can no longer be vouched for
         (unconfirmed for TTL - margin, or lost) and True when it is confirmed again."""
         self._in_doubt = False
@@ -192,6 +202,7 @@ class Membership:
             await self._stop_tasks()
             await self._revoke()
             raise
+        self.standing_revision = revision
         self._start(self._watch_own_key(self._lease_id, revision), "own-key")
         self._start(self._watch_standing(), "standing")
 
@@ -334,7 +345,10 @@ class Membership:
                 if reply is not None:
                     self.valid_until = max(self.valid_until, sent + reply.TTL)
                     if self._in_doubt and not self.lost.is_set():
-                        log.warning("member lease confirmed again", member=str(self._spec.id))
+                        self.standing_revision = max(self.standing_revision,
+                                                     reply.header.revision)
+                        log.warning("member lease confirmed again", member=str(self._spec.id),
+                                    revision=self.standing_revision)
                         self._set_doubt(False)
                     confirmed, self._confirmed = self._confirmed, asyncio.Event()
                     confirmed.set()

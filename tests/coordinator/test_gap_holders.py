@@ -58,7 +58,7 @@ def _commit(replica: Replica, data: bytes, epoch: int = 7) -> None:
 
 
 def _broker(replica: Replica, is_member: bool) -> types.SimpleNamespace:
-    res = types.SimpleNamespace(status=Status.OK, header=None, is_member=is_member,
+    res = types.SimpleNamespace(status=Status.OK, header=None, is_member=is_member, current=True,
                                 spec=types.SimpleNamespace(readable=True),
                                 route=Route(members=(), primary=-1, endpoints=()))
 

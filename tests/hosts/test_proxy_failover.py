@@ -5,6 +5,13 @@ watch, and forwards the append to the new primary once one is named — one RPC 
 client's side, answered OK (#31). Nothing of the append reached the old primary before
 it was re-routed, so exactly-once is untouched: the content is in the journal once.
 
+And a primary cut off from etcd and its peers (but not from its readers) never tells a
+reader a write head it cannot vouch for — not while it is cut off, when a new primary
+takes appends, nor once it is back: until its lease is confirmed and its watch has caught
+up with the revision that confirmation dates from, it answers a read at the head
+UNAVAILABLE (the reader asks another member); afterwards it knows the new head, or that
+it no longer holds the journal.
+
 Seven hosts: a three-member etcd on three of them (never isolated here), a coordinator
 on each of the other four (lease TTL 3 s), a replication-2 journal — so two coordinators
 are outside its route and proxy.
@@ -12,21 +19,24 @@ are outside its route and proxy.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from protocol import FragmentSpec, JournalSpec, Status
+from protocol import FragmentSpec, JournalSpec, ReadRequest, ReadResponse, Status
+from protocol.errors import QuireError
 from protocol.fragment import Codec
 from quire.client import Client
 from tests.coordinator.cluster import Conn
-from tests.hosts.hosts_cluster import HostsCluster, primary_of, start_coordinators, until
+from tests.hosts.hosts_cluster import HostsCluster, NotYet, primary_of, start_coordinators, until
 from tools.hosts import HostHarness
 
 pytestmark = pytest.mark.timeout(240)
 
 JOURNAL = "hosts/proxied"
+HEAD_JOURNAL = "hosts/head"
 LEASE_TTL = 3
 ZONES = ["e", "e", "e", "a", "b", "c", "d"]
 
@@ -87,3 +97,73 @@ async def test_a_proxied_append_moves_to_the_new_primary_of_an_isolated_ones_jou
             assert everything.count(data) == 1
         finally:
             await reader.close()
+
+
+async def _head_at(endpoint: str, journal: str) -> tuple[Status, int]:
+    """One member's own answer (never proxied) to a read at the write head."""
+    async with asyncio.timeout(5.0):
+        conn = await Conn.open(endpoint)
+        try:
+            await conn.s.send(ReadRequest(journal=journal, offset=-1, metadata_only=True,
+                                          do_not_proxy=True))
+            m, _ = await conn.s.read_message(ReadResponse)
+            return m.status, m.write_head
+        finally:
+            conn.s.abort()
+
+
+async def test_a_healed_former_primary_never_tells_a_write_head_from_before_its_isolation(
+        cluster: HostsCluster) -> None:
+    async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
+        await client.apply([JournalSpec(name=HEAD_JOURNAL, replication=2, fragment=FragmentSpec(
+            length=1 << 20, compression_codec=Codec.NONE))])
+        await until("the journal to take appends", 60, lambda: client.append(HEAD_JOURNAL, b"0\n"))
+
+        async def settled() -> tuple[str, tuple[str, ...]] | None:
+            primary, members = await primary_of(client, HEAD_JOURNAL)
+            return (primary, members) if primary and len(members) == 2 and all(members) else None
+
+        old, _ = await until("a primary with two members", 60, settled)
+        before = await client.append(HEAD_JOURNAL, b"before the isolation\n")
+        old_host = cluster.host_at(old)
+        cluster.h.partition([old_host], [h for h in cluster.h.hosts if h is not old_host])
+        answers: list[tuple[Status, int]] = []
+        try:
+            async def moved() -> tuple[str, tuple[str, ...]] | None:
+                got = await settled()
+                return got if got and got[0] != old else None
+
+            await until("another primary", 60, moved)
+            after = await until("an append by the new primary", 60,
+                                lambda: client.append(HEAD_JOURNAL, b"while it is away\n"))
+            assert after.commit.end > before.commit.end
+            # Still cut off from etcd and its peers, reachable by us: it must not answer
+            # with its own (old) head. (Before the fix: OFFSET_NOT_YET_AVAILABLE at the
+            # head of before the cut.)
+            status, head = await _head_at(old, HEAD_JOURNAL)
+            answers.append((status, head))
+            assert status == Status.UNAVAILABLE or head >= after.commit.end, (
+                f"{old}, cut off, told the write head {head} (the journal's is "
+                f"{after.commit.end}): {status.name}")
+        finally:
+            cluster.h.heal_partitions()
+
+        async def knows() -> bool | NotYet:
+            try:
+                status, head = await _head_at(old, HEAD_JOURNAL)
+            except (QuireError, OSError, asyncio.TimeoutError) as exc:
+                return NotYet(f"{old}: {exc!r}")  # not reachable yet: not an answer
+            answers.append((status, head))
+            if status in (Status.OK, Status.OFFSET_NOT_YET_AVAILABLE):
+                assert head >= after.commit.end, (
+                    f"{old} told the write head {head} from before its isolation "
+                    f"(the journal's head is {after.commit.end}); its answers: {answers}")
+                return True
+            if status == Status.NOT_JOURNAL_BROKER:
+                return True  # it learnt that the journal moved away
+            return NotYet(f"{old} answered {status.name}")
+
+        await until("the healed former primary to answer at the head", 60, knows)
+        refused = sum(1 for st, _ in answers if st == Status.UNAVAILABLE)
+        print(f"\nformer primary {old}, cut off then healed: {len(answers)} answers at the head, "
+              f"{refused} refused UNAVAILABLE, last {answers[-1]}")
