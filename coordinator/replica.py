@@ -27,9 +27,15 @@ from protocol.logs import get_logger
 from protocol import Fragment
 
 from .flow_control import RateLimiter
+from .lineage import lineage_agrees_until
+from .owner_locks import PipelineLock, acquire_within
 from .spool import FileFactory, Spool, SpoolFile
 
 log = get_logger(__name__)
+
+# Re-exported: other modules and tests import these from here.
+__all__ = ["LocalFragment", "LocalPersister", "Persister", "PipelineLock", "Replica",
+           "acquire_within", "lineage_agrees_until"]
 
 
 class Persister(Protocol):
@@ -46,62 +52,10 @@ class LocalPersister:
                  begin=fragment.begin, end=fragment.end, path=path)
 
 
-async def acquire_within(lock: asyncio.Lock, timeout: float) -> bool:
-    """lock.acquire() bounded by `timeout`; no task or timer when the lock is free."""
-    if not lock.locked() and not getattr(lock, "_waiters", None):
-        return await lock.acquire()  # free and nobody queued: returns without waiting
-    try:
-        async with asyncio.timeout(timeout):
-            return await lock.acquire()
-    except TimeoutError:
-        return False
-
-
-def lineage_agrees_until(mine: tuple[tuple[int, int], ...], theirs: tuple[tuple[int, int], ...],
-                         offset: int, end: int) -> int:
-    """The first offset in [offset, end) where two epoch histories ((epoch, begin) pairs,
-    begins ascending) put different epochs — or either has none (an offset older than
-    its oldest entry) — or `end` if they agree throughout. Content committed at one
-    offset under one epoch is the same content wherever it is held (one route revision,
-    one primary); a member's tail that a later epoch cut and rewrote is not."""
-
-    def epoch_at(history: tuple[tuple[int, int], ...], at: int) -> int | None:
-        found = None
-        for epoch, begin in history:
-            if begin > at:
-                break
-            found = epoch
-        return found
-
-    points = sorted({offset, *(b for _, b in (*mine, *theirs) if offset < b < end)})
-    for at in points:
-        here = epoch_at(mine, at)
-        if here is None or here != epoch_at(theirs, at):
-            return at
-    return end
-
-
 @dataclass(slots=True)
 class LocalFragment:
     fragment: Fragment
     file: SpoolFile | None
-
-
-class PipelineLock(asyncio.Lock):
-    """The pipeline's send-side lock, which the whole-append lane can also take without
-    awaiting (append_lane.py: a group commit holds it from its first append to the end
-    of the loop turn)."""
-
-    def free(self) -> bool:
-        """Unlocked and nobody waits for it: an awaited acquire() would return at once."""
-        return not self._locked and not self._waiters  # (asyncio.Lock's own state)
-
-    def try_acquire(self) -> bool:
-        """Take the lock now if it is free(); else False, and nothing changes."""
-        if not self.free():
-            return False
-        self._locked = True
-        return True
 
 
 class Replica:

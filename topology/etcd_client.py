@@ -136,6 +136,10 @@ def parse_endpoints(urls: str | list[str] | tuple[str, ...]) -> list[Endpoint]:
     return out
 
 
+RECONNECT_BACKOFF_MAX_MS = 3000
+"""Longest wait between gRPC's attempts to reconnect to an unreachable etcd member."""
+
+
 class EtcdClient(aetcd.Client):
     """aetcd's client over one member at a time of several, moving on when it fails."""
 
@@ -146,7 +150,14 @@ class EtcdClient(aetcd.Client):
                          options={"grpc.keepalive_time_ms": 5000,
                                   "grpc.keepalive_timeout_ms": 3000,
                                   "grpc.keepalive_permit_without_calls": 1,
-                                  "grpc.http2.max_pings_without_data": 0})
+                                  "grpc.http2.max_pings_without_data": 0,
+                                  # gRPC's reconnect backoff grows to 120 s by default: a
+                                  # member cut off from etcd for a minute could then wait
+                                  # about as long again after the heal before it even
+                                  # tried (its lease, watch and rejoin all stalled).
+                                  # Bounded, a healed member reconnects within seconds.
+                                  "grpc.initial_reconnect_backoff_ms": 500,
+                                  "grpc.max_reconnect_backoff_ms": RECONNECT_BACKOFF_MAX_MS})
         if first.secure and tls is None:
             raise EtcdEndpointError(f"etcd endpoint {first} is https:// but no CA is set "
                                     "(QUIRE_ETCD_CA)")

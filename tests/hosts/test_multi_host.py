@@ -259,6 +259,7 @@ async def _isolate_primary_host(cluster: HostsCluster, client: Client, appender:
                      lambda: _true(len(appender.acked) >= before + 20))
     finally:
         cluster.h.heal(old_host)
+        healed_at = time.monotonic()
 
     async def rejoined() -> bool | NotYet:
         primary, members = await _primary(client)
@@ -266,6 +267,11 @@ async def _isolate_primary_host(cluster: HostsCluster, client: Client, appender:
             NotYet(f"primary {primary}, members {members}")
 
     await until("the old primary to rejoin as a replica", 90, rejoined)
+    # Printed so a slow rejoin (one CI timeout beside a chaos campaign) can be told from
+    # a stuck one: it re-announces (waiting out its old key, up to TTL + 5 s), is re-added
+    # by HRW placement, synced by the primary, and the surplus replica removed.
+    print(f"\nold primary {old} rejoined as a replica {time.monotonic() - healed_at:.1f} s "
+          f"after the heal")
     before = len(appender.acked)
     await until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
 
