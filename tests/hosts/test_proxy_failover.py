@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -48,20 +48,27 @@ def cluster() -> Iterator[HostsCluster]:
         yield start_coordinators(h, etcd, h.hosts[3:], root="/quire-proxy", lease_ttl=LEASE_TTL)
 
 
-async def _primary(client: Client) -> tuple[str, tuple[str, ...]]:
-    return await primary_of(client, JOURNAL)
+Placement = tuple[str, tuple[str, ...]]
+
+
+async def _serve(client: Client, journal: str) -> Callable[[], Awaitable[Placement | None]]:
+    """Make an R=2 journal and wait until it takes appends; returns `settled()`: its
+    (primary, members) once it has a primary and two advertised members, else None."""
+    await client.apply([JournalSpec(name=journal, replication=2, fragment=FragmentSpec(
+        length=1 << 20, compression_codec=Codec.NONE))])
+    await until("the journal to take appends", 60, lambda: client.append(journal, b""))
+
+    async def settled() -> Placement | None:
+        primary, members = await primary_of(client, journal)
+        return (primary, members) if primary and len(members) == 2 and all(members) else None
+
+    return settled
 
 
 async def test_a_proxied_append_moves_to_the_new_primary_of_an_isolated_ones_journal(
         cluster: HostsCluster) -> None:
     async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
-        await client.apply([JournalSpec(name=JOURNAL, replication=2, fragment=FragmentSpec(
-            length=1 << 20, compression_codec=Codec.NONE))])
-        await until("the journal to take appends", 60, lambda: client.append(JOURNAL, b""))
-
-        async def settled() -> tuple[str, tuple[str, ...]] | None:
-            primary, members = await _primary(client)
-            return (primary, members) if primary and len(members) == 2 and all(members) else None
+        settled = await _serve(client, JOURNAL)
 
         old, members = await until("a primary with two members", 60, settled)
         proxy, reader_at = [e for e in cluster.endpoints if e not in members][:2]
@@ -115,13 +122,7 @@ async def _head_at(endpoint: str, journal: str) -> tuple[Status, int]:
 async def test_a_healed_former_primary_never_tells_a_write_head_from_before_its_isolation(
         cluster: HostsCluster) -> None:
     async with Client(cluster.endpoints, rpc_timeout=5.0) as client:
-        await client.apply([JournalSpec(name=HEAD_JOURNAL, replication=2, fragment=FragmentSpec(
-            length=1 << 20, compression_codec=Codec.NONE))])
-        await until("the journal to take appends", 60, lambda: client.append(HEAD_JOURNAL, b"0\n"))
-
-        async def settled() -> tuple[str, tuple[str, ...]] | None:
-            primary, members = await primary_of(client, HEAD_JOURNAL)
-            return (primary, members) if primary and len(members) == 2 and all(members) else None
+        settled = await _serve(client, HEAD_JOURNAL)
 
         old, _ = await until("a primary with two members", 60, settled)
         before = await client.append(HEAD_JOURNAL, b"before the isolation\n")
@@ -129,7 +130,7 @@ async def test_a_healed_former_primary_never_tells_a_write_head_from_before_its_
         cluster.h.partition([old_host], [h for h in cluster.h.hosts if h is not old_host])
         answers: list[tuple[Status, int]] = []
         try:
-            async def moved() -> tuple[str, tuple[str, ...]] | None:
+            async def moved() -> Placement | None:
                 got = await settled()
                 return got if got and got[0] != old else None
 
