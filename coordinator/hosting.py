@@ -218,13 +218,27 @@ class Hosting:
 
     def _on_standing(self, good: bool) -> None:
         if good:
-            self._changed.set()  # primary again where the keyspace says so: pulse
+            # Primary again where the keyspace says so, once it has reached the revision
+            # standing dates from (may_lead); then pulse.
+            if self._tg is not None:
+                self._spawn(self._catch_up_view(), name="hosting-catch-up")
+            self._changed.set()
             return
         if self.membership is not None and self.membership.lost.is_set():
             return  # lost, not just unconfirmed: `_fence` drops everything next
         log.error("membership lease unconfirmed: stepping down as primary everywhere",
                   member=str(self.server.me))
         self._drop_all("membership lease unconfirmed", streams=False)
+
+    async def _catch_up_view(self) -> None:
+        """Bring the mirror to `standing_revision`: that revision may be a write outside
+        our prefix, which no event of ours will ever announce (KeySpace._catch_up reads
+        the prefix instead); until then we neither lead nor tell a write head."""
+        member, ks = self.membership, self.keyspace
+        while member is not None and ks is not None and member.in_good_standing \
+                and not await ks.wait_for_revision(member.standing_revision, 5.0):
+            pass  # (etcd unreachable again: standing will lapse and end this)
+        self._changed.set()
 
     def _drop_all(self, why: str, *, streams: bool) -> None:
         """Fail every pipeline we lead (and with `streams`, abort every replicate stream
