@@ -10,16 +10,13 @@ stops leading (its lease unconfirmed), then resumed before etcd could expire the
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from protocol import Status
 from tools.services import EtcdService
 from topology.etcd import connect
 
-from .cluster import Conn, running, serve_journal
+from .cluster import Conn, running, serve_journal, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,20 +32,6 @@ async def _append(endpoint: str) -> Status:
         await conn.close()
 
 
-async def _first(pred, timeout: float):  # noqa: ANN001, ANN202
-    """Poll `pred` (async) until it returns a truthy value; that value, or None."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = await pred()
-        except (OSError, asyncio.TimeoutError, ConnectionError):
-            value = None
-        if value:
-            return value
-        await asyncio.sleep(0.1)  # another process's state: polled with a deadline
-    return None
-
-
 async def test_a_coordinator_leads_again_after_doubt_when_the_last_write_was_another_tenants(
         etcd_root: str) -> None:
     with EtcdService("etcd-view-doubt") as etcd, \
@@ -61,14 +44,14 @@ async def test_a_coordinator_leads_again_after_doubt_when_the_last_write_was_ano
             await other.put(OTHER_TENANT_KEY, b"1")
             etcd.pause()
             try:
-                stepped_down = await _first(lambda: _refused(endpoint), 20.0)
+                await until(lambda: _refused(endpoint), 20.0,
+                            "the coordinator to stop leading with etcd stopped", interval=0.1)
             finally:
                 etcd.resume()
-            assert stepped_down, "the coordinator kept leading with etcd stopped"
             # Confirmed again (the lease outlived the stall): it must lead again, though
             # nothing under its root was written since the revision its standing dates from.
-            ok = await _first(lambda: _ok(endpoint), 30.0)
-            assert ok, f"{endpoint} did not lead {J} again within 30 s of etcd's resume"
+            await until(lambda: _ok(endpoint), 30.0, f"{endpoint} to lead {J} again after "
+                        "etcd's resume", interval=0.1)
         finally:
             await other.close()
 
