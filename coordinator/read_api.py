@@ -94,19 +94,18 @@ class _Gone:
     """A client that goes away while we block must not leave us waiting forever: the
     connection carries nothing else during a blocking read, so any byte or EOF ends it.
 
-    The watch (a pending `read(1)` on the connection) exists only while we block, and is
-    cancelled *and awaited* before the connection's next RPC is read: a watch still
-    pending would make that read fail ("readexactly() called while another coroutine is
-    already waiting"), and one that completed would have eaten the first byte of the
-    next frame. A read that ends without blocking never starts one."""
+    The watch (a pending `wait_readable()` on the connection) exists only while we block,
+    and is cancelled *and awaited* before the connection's next RPC is read: a watch
+    still pending would make that read fail (one waiter per connection). A read that
+    ends without blocking never starts one."""
 
     def __init__(self, conn: FrameStream) -> None:
         self.conn = conn
-        self.task: asyncio.Future[bytes] | None = None
+        self.task: asyncio.Future[None] | None = None
 
-    def watch(self) -> asyncio.Future[bytes]:
+    def watch(self) -> asyncio.Future[None]:
         if self.task is None:
-            self.task = asyncio.ensure_future(self.conn.reader.read(1))
+            self.task = asyncio.ensure_future(self.conn.wait_readable())
         return self.task
 
     async def stop(self) -> bool:

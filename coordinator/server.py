@@ -43,7 +43,7 @@ from protocol import (
 )
 from protocol.auth import TokenError, authorize_apply
 from protocol.errors import Forbidden, ProtocolError, QuireError, ValidationError
-from protocol.stream import FrameStream
+from protocol.stream import FrameStream, serve_frames
 
 from .append_api import serve_append
 from .auth_gate import REFUSAL_RESPONSE, ConnAuth, Gate, refusal_response
@@ -100,11 +100,10 @@ class Server(Host):
         host, _, port = self.cfg.listen.rpartition(":")
         async with self.topology.connected():
             self.keyspace = self.topology.keyspace
-            server = await asyncio.start_server(self._accept, host or "127.0.0.1", int(port),
-                                                limit=1 << 21, backlog=1024,
-                                                ssl=self.cfg.server_ssl,
-                                                ssl_handshake_timeout=HELLO_TIMEOUT
-                                                if self.cfg.server_ssl else None)
+            server = await serve_frames(self._accept, host or "127.0.0.1", int(port),
+                                        backlog=1024, ssl=self.cfg.server_ssl,
+                                        ssl_handshake_timeout=HELLO_TIMEOUT
+                                        if self.cfg.server_ssl else None)
             self.port = server.sockets[0].getsockname()[1]
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -141,11 +140,10 @@ class Server(Host):
 
     # -- connections ------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, conn: FrameStream) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
-        conn = FrameStream(reader, writer)
         try:
             await self._serve(conn)
         except asyncio.CancelledError:

@@ -1,7 +1,9 @@
 """asyncio adapters for the frame codec: one connection = a FrameStream.
 
-Thin IO around wire.py: read the 9-byte prefix, check limits, then `readexactly` the
-rest — so a hostile peer costs at most one frame of memory.
+Thin IO around wire.py over a FrameProtocol (frame_protocol.py), which owns the read
+buffer: a frame's 9-byte prefix is checked as soon as it is buffered, before its body is
+waited for — so a hostile peer costs at most one frame of memory — and a whole frame is
+decoded where the transport (or TLS) put it.
 
 Writes are coalesced: `write()` queues the frame's buffers (never copying a payload)
 and the queue goes to the transport in one `writelines` — at the end of the current
@@ -17,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as ssl_module
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from .errors import ProtocolError
+from .frame_protocol import FrameProtocol
 from .messages import ErrorFrame, Message
 from .resolve import is_address, resolve
 from .status import Status
@@ -31,7 +34,6 @@ from .wire import (
     PREFIX_SIZE,
     Frame,
     check_fields,
-    check_prefix,
     decode_header,
     encode_frame,
 )
@@ -48,10 +50,41 @@ class ConnectionClosed(ProtocolError):
     """The peer closed the connection (cleanly or not) between or inside frames."""
 
 
+async def serve_frames(handler: Callable[[FrameStream], Awaitable[None]], host: str, port: int,
+                       **kw: Any) -> asyncio.Server:
+    """A server whose every connection runs `handler(FrameStream)` in its own task
+    (`kw` as loop.create_server's: ssl, backlog, ssl_handshake_timeout, ...). A handler
+    that fails is reported to the loop's exception handler and its connection aborted,
+    as asyncio.start_server does."""
+    loop = asyncio.get_running_loop()
+
+    def run(protocol: FrameProtocol) -> asyncio.Task[None]:
+        task = loop.create_task(handler(FrameStream(protocol)))
+        task.add_done_callback(lambda t: _handler_done(t, protocol))
+        return task
+
+    return await loop.create_server(lambda: FrameProtocol(on_connected=run), host, port, **kw)
+
+
+def _handler_done(task: asyncio.Task[None], protocol: FrameProtocol) -> None:
+    protocol.task = None
+    if task.cancelled() or task.exception() is None:
+        return
+    asyncio.get_running_loop().call_exception_handler({
+        "message": "frame connection handler failed", "exception": task.exception(),
+        "protocol": protocol})
+    if protocol.transport is not None:
+        protocol.transport.abort()  # type: ignore[attr-defined]
+
+
 class FrameStream:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    """One connection's frames, over a FrameProtocol (frame_protocol.py): frames are
+    decoded where the transport put their bytes."""
+
+    def __init__(self, protocol: FrameProtocol) -> None:
+        self.protocol = protocol
+        transport = protocol.transport
+        self.transport = transport
         self._out: list[bytes | memoryview] = []
         self._queued = 0
         self._flush_pending = False
@@ -60,14 +93,13 @@ class FrameStream:
         """Called before queued frames go to the transport; if it raises, they never do
         and the connection is aborted (a replica's acknowledgements wait on its spool
         file's write-behind this way: coordinator/replicate_api.py)."""
-        transport = getattr(writer, "transport", None)
-        self._transport = transport
-        if transport is not None:
-            try:
-                self._high = transport.get_write_buffer_limits()[1]
-            except (AttributeError, NotImplementedError):
-                pass
-        sock = writer.get_extra_info("socket")
+        if transport is None:
+            return
+        try:
+            self._high = transport.get_write_buffer_limits()[1]  # type: ignore[attr-defined]
+        except (AttributeError, NotImplementedError):
+            pass
+        sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -84,75 +116,83 @@ class FrameStream:
         remembered for a moment), then its addresses are tried in order."""
         host, _, port_text = endpoint.rpartition(":")
         host, port = host or "127.0.0.1", int(port_text)
-        kw: dict = {"limit": 1 << 21, "ssl": ssl,
-                    "ssl_handshake_timeout": timeout if ssl is not None else None}
+        loop = asyncio.get_running_loop()
+        kw: dict = {"ssl": ssl, "ssl_handshake_timeout": timeout if ssl is not None else None}
         async with asyncio.timeout(timeout):
             if is_address(host):
-                reader, writer = await asyncio.open_connection(host, port, **kw)
-                return cls(reader, writer)
+                _, protocol = await loop.create_connection(FrameProtocol, host, port, **kw)
+                return cls(protocol)
             if ssl is not None:
                 kw["server_hostname"] = host  # (certificates name the host, not the address)
             last: OSError | None = None
             for _family, _type, _proto, _name, sockaddr in await resolve(host, port):
                 try:
-                    reader, writer = await asyncio.open_connection(sockaddr[0], sockaddr[1], **kw)
-                    return cls(reader, writer)
+                    _, protocol = await loop.create_connection(
+                        FrameProtocol, sockaddr[0], sockaddr[1], **kw)
+                    return cls(protocol)
                 except OSError as exc:
                     last = exc
             raise last or OSError(f"{host} has no address")
 
     @property
     def peer(self) -> str:
-        peer = self.writer.get_extra_info("peername")
+        peer = self.transport.get_extra_info("peername") if self.transport else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
 
+    def at_eof(self) -> bool:
+        """The peer closed (or the connection was lost) and every byte is consumed."""
+        p = self.protocol
+        return (p.eof or p.lost) and not p.buffered
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    async def wait_readable(self) -> None:
+        """Until a byte is buffered or the connection ends; consumes nothing."""
+        p = self.protocol
+        while not p.buffered and not p.eof and not p.lost:
+            await p.wait_for_data()
+
     def read_buffered(self) -> Frame | None:
-        """The next frame if the reader already holds all of it, else None (no waiting).
+        """The next frame if all of it is already buffered, else None (no waiting).
 
-        Same checks as read(); it looks into the StreamReader's buffer, so a burst of
-        small frames costs no coroutine switch, timer or extra copy per frame.
+        Same checks as read(); a burst of small frames costs no coroutine switch, timer
+        or extra copy per frame.
         """
-        reader = self.reader
-        buf = getattr(reader, "_buffer", None)
-        if buf is None or len(buf) < PREFIX_SIZE or reader.exception() is not None:
+        p = self.protocol
+        buf, start = p.buf, p.start
+        if p.end - start < PREFIX_SIZE:
             return None
-        kind, hlen, plen = check_fields(*PREFIX.unpack_from(buf))
+        kind, hlen, plen = check_fields(*PREFIX.unpack_from(buf, start))
         total = PREFIX_SIZE + hlen + plen
-        if len(buf) < total:
+        if p.end - start < total:
             return None
+        head = start + PREFIX_SIZE
         with memoryview(buf) as view:  # no export outlives this block: decoded, copied out
-            message = decode_header(kind, view[PREFIX_SIZE:PREFIX_SIZE + hlen])
-            payload = bytes(view[PREFIX_SIZE + hlen:total]) if plen else b""
-        self._consume(buf, total)
+            message = decode_header(kind, view[head:head + hlen])
+            payload = bytes(view[head + hlen:start + total]) if plen else b""
+        p.consume(total)
         return Frame(message, payload)
-
-    def _consume(self, buf: bytearray, n: int) -> None:
-        """Drop `n` bytes taken from the reader's buffer, and let the transport read
-        again if a full buffer had paused it (as StreamReader's own reads do)."""
-        del buf[:n]
-        resume = getattr(self.reader, "_maybe_resume_transport", None)
-        if resume is not None:
-            resume()
 
     def take_run(self, body: tuple[int, bytes], end: tuple[int, bytes]) -> list[bytes] | None:
         """The payloads of a run of one or more `body` frames, each with a non-empty
         payload, closed by one `end` frame without one (each frame given as (kind, exact
-        header bytes)), if the whole run is already in the reader's buffer: the run is
-        consumed. None, with nothing
-        consumed, if it is not all here or any frame differs — the caller then reads
-        frame by frame (read_buffered / read), which checks and decodes everything.
+        header bytes)), if the whole run is already buffered: the run is consumed. None,
+        with nothing consumed, if it is not all here or any frame differs — the caller
+        then reads frame by frame (read_buffered / read), which checks and decodes
+        everything.
 
         A client's small append (chunk + commit) usually arrives whole: this takes it
         in one pass over the buffer, without decoding a header per frame.
         """
-        reader = self.reader
-        buf = getattr(reader, "_buffer", None)
-        if not buf or reader.exception() is not None:
+        p = self.protocol
+        buf, first, n = p.buf, p.start, p.end
+        if first == n:
             return None
         body_kind, body_header = body
         end_kind, end_header = end
         body_len, end_len = len(body_header), len(end_header)
-        n, pos = len(buf), 0
+        pos = first
         spans: list[tuple[int, int]] = []
         unpack = PREFIX.unpack_from
         while pos + PREFIX_SIZE <= n:
@@ -167,7 +207,7 @@ class FrameStream:
                     return None
                 with memoryview(buf) as view:  # copies out: no export outlives this block
                     payloads = [bytes(view[a:b]) for a, b in spans]
-                self._consume(buf, stop)
+                p.consume(stop - first)
                 return payloads
             if kind != body_kind or hlen != body_len or not 0 < length - 5 - hlen <= MAX_CHUNK \
                     or not buf.startswith(body_header, head):
@@ -180,57 +220,36 @@ class FrameStream:
         """How many copies of the encoded `frame` lead the buffer; they are consumed.
         A replica's acknowledgements are one constant frame, so a burst of them is
         counted with a few slice compares instead of being decoded one by one."""
-        reader = self.reader
-        buf = getattr(reader, "_buffer", None)
+        p = self.protocol
+        buf, start = p.buf, p.start
         size = len(frame)
-        fits = len(buf) // size if buf else 0
-        if not fits or buf[:size] != frame:
+        fits = p.buffered // size
+        if not fits or not buf.startswith(frame, start):
             return 0
-        if buf[:fits * size] != frame * fits:
+        if buf[start:start + fits * size] != frame * fits:
             k = 1
-            while k < fits and buf[k * size:(k + 1) * size] == frame:
+            while k < fits and buf.startswith(frame, start + k * size):
                 k += 1
             fits = k
-        self._consume(buf, fits * size)
+        p.consume(fits * size)
         return fits
 
     async def read(self) -> Frame:
-        reader = self.reader
-        if getattr(reader, "_buffer", None):  # (an empty buffer holds no frame yet)
+        """The next frame; one wake-up per frame (its prefix is checked as soon as it is
+        here, so a hostile length is refused before its body is waited for)."""
+        p = self.protocol
+        while True:
             frame = self.read_buffered()
             if frame is not None:
                 return frame
-        wait = getattr(reader, "_wait_for_data", None)
-        if wait is not None:
-            # One wake-up per frame: wait for more bytes until the whole frame is
-            # buffered, then take it as read_buffered does (its prefix is checked as
-            # soon as it is here). The StreamReader's own readexactly() would wait and
-            # copy twice, for the prefix and for the rest.
-            while True:
-                exc = reader.exception()
-                if isinstance(exc, ConnectionError):
-                    raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
-                if exc is not None:
-                    raise exc  # as readexactly() would (an ssl.SSLError, say)
-                if reader._eof:  # noqa: SLF001 - a partial frame at EOF
-                    raise ConnectionClosed("connection closed by peer")
-                try:
-                    await wait("read")
-                except ConnectionError as exc:  # the waiter carries the transport's error
-                    raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
-                frame = self.read_buffered()
-                if frame is not None:
-                    return frame
-        try:
-            prefix = await self.reader.readexactly(PREFIX_SIZE)
-            kind, hlen, plen = check_prefix(prefix)
-            body = await self.reader.readexactly(hlen + plen)
-        except asyncio.IncompleteReadError as exc:
-            raise ConnectionClosed("connection closed by peer") from exc
-        except ConnectionError as exc:
-            raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
-        view = memoryview(body)
-        return Frame(decode_header(kind, view[:hlen]), view[hlen:] if plen else b"")
+            exc = p.exc
+            if isinstance(exc, ConnectionError):
+                raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
+            if exc is not None:
+                raise exc  # (an ssl.SSLError, say)
+            if p.eof or p.lost:  # a partial frame (or none) at EOF
+                raise ConnectionClosed("connection closed by peer")
+            await p.wait_for_data()
 
     async def read_message(self, expect: type[M] | tuple[type, ...]) -> tuple[M, memoryview | bytes]:
         return self.expect(await self.read(), expect)
@@ -265,7 +284,7 @@ class FrameStream:
             self._out += bufs
             self.flush()
         else:
-            self.writer.writelines(bufs)
+            self.transport.writelines(bufs)  # type: ignore[union-attr]
 
     def _deferred_flush(self) -> None:
         self._flush_pending = False
@@ -284,11 +303,11 @@ class FrameStream:
                 try:
                     self.before_flush()
                 except BaseException:
-                    transport = self.writer.transport
+                    transport = self.transport
                     if transport is not None:
                         transport.abort()  # (not self.abort: nothing queued may leave)
                     raise
-            self.writer.writelines(out)
+            self.transport.writelines(out)  # type: ignore[union-attr]
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
         self.write(message, payload)
@@ -297,17 +316,17 @@ class FrameStream:
 
     def writable(self) -> bool:
         """drain() would return at once: the transport is open and below high water."""
-        t = self._transport
+        t = self.transport
         return t is not None and not t.is_closing() and t.get_write_buffer_size() <= self._high
 
     async def drain(self) -> None:
         """Wait while the transport is over its high-water mark; raise if it is lost."""
-        t = self._transport
+        t = self.transport
         if t is not None and not t.is_closing() and t.get_write_buffer_size() <= self._high:
             return
         self.flush()
         try:
-            await self.writer.drain()
+            await self.protocol.drain()
         except ConnectionError as exc:
             raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
 
@@ -323,15 +342,17 @@ class FrameStream:
             self.flush()
         except Exception:  # noqa: BLE001 - closing anyway
             pass
-        self.writer.close()
+        if self.transport is None:
+            return
+        self.transport.close()
         try:
             async with asyncio.timeout(1.0):
-                await self.writer.wait_closed()
+                await self.protocol.wait_closed()
         except (OSError, asyncio.TimeoutError):
             pass
 
     def abort(self) -> None:
-        transport = self.writer.transport
+        transport = self.transport
         if transport is not None:
             try:
                 self.flush()  # frames already written go out, as if unbuffered

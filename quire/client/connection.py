@@ -85,7 +85,7 @@ class Connection:
         # The peer closed an idle connection (coordinator restart, idle timeout): the
         # reader has already seen EOF. Detecting it here keeps a dead pooled connection
         # from turning a safe append into an ambiguous one.
-        return (self.broken or self.stream.reader.at_eof() or self.stream.writer.is_closing()
+        return (self.broken or self.stream.at_eof() or self.stream.is_closing()
                 or (self.expires is not None and self.expires <= time.time() + 1.0))
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:

@@ -43,7 +43,7 @@ from protocol import (
     Status,
 )
 from protocol.errors import ProtocolError
-from protocol.stream import FrameStream
+from protocol.stream import FrameStream, serve_frames
 
 
 class FakeBroker:
@@ -79,7 +79,7 @@ class FakeBroker:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self, port: int = 0) -> FakeBroker:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self._server = await serve_frames(self._serve, "127.0.0.1", port)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.endpoint = f"{host}:{port}"
         return self
@@ -108,11 +108,10 @@ class FakeBroker:
 
     # -- serving ----------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, stream: FrameStream) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        stream = FrameStream(reader, writer)
         try:
             hello = await stream.read()
             assert isinstance(hello.message, Hello)
@@ -149,7 +148,7 @@ class FakeBroker:
             pass
         finally:
             self._tasks.discard(task)
-            writer.close()
+            stream.transport.close()
 
     def _apply(self, request: ApplyRequest) -> ApplyResponse:
         for change in request.changes:
@@ -212,7 +211,7 @@ class FakeBroker:
                 self.appends.append((request.journal, bytes(body)))
             if self.drop_after_commit:
                 self.drop_after_commit -= 1
-                stream.writer.transport.abort()
+                stream.transport.abort()
                 raise ConnectionResetError("dropped after the commit")
             self.commit_unknown_next -= 1
             await stream.send(AppendResponse(status=Status.COMMIT_UNKNOWN, header=self.header(),

@@ -103,7 +103,7 @@ async def test_a_lane_that_fails_streaming_fails_its_batch_definitely() -> None:
     data = _frames([b"y"])
     conn = _stream_of(data)
     assert try_lane(broker, conn, AppendRequest(journal=J)) is None  # a doomed batch: FSM
-    assert bytes(conn.reader._buffer) == data  # noqa: SLF001 - nothing consumed
+    assert conn.protocol.unconsumed() == data  # nothing consumed
     assert (await finish(lane)).status == Status.UNAVAILABLE
     with pytest.raises(PipelineBroken):  # the batch's end: no commit, the lock let go
         await asyncio.wait_for(lane.batch.done, 5)

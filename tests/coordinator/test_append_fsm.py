@@ -273,7 +273,7 @@ async def test_fsm_barrier_and_rollback_failures_stay_definite() -> None:
 # -- a proxying coordinator (append_api.proxy_append) ----------------------------------
 
 from protocol import AppendChunk, AppendCommit, AppendResponse, Hello, HelloAck  # noqa: E402
-from protocol.stream import FrameStream  # noqa: E402
+from protocol.stream import FrameStream, serve_frames  # noqa: E402
 
 from coordinator.append_api import proxy_append  # noqa: E402
 
@@ -294,8 +294,7 @@ async def _primary_that_dies_after_the_commit(got: list[object]):  # noqa: ANN20
     """A primary that reads the whole append, commit included, then drops the connection
     without answering (killed after it replicated the commit)."""
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stream = FrameStream(reader, writer)
+    async def serve(stream: FrameStream) -> None:
         assert isinstance((await stream.read()).message, Hello)
         await stream.send(HelloAck(process_id=A))
         while True:
@@ -303,9 +302,9 @@ async def _primary_that_dies_after_the_commit(got: list[object]):  # noqa: ANN20
             got.append(frame.message)
             if isinstance(frame.message, AppendCommit):
                 break
-        writer.transport.abort()
+        stream.transport.abort()
 
-    return await asyncio.start_server(serve, "127.0.0.1", 0)
+    return await serve_frames(serve, "127.0.0.1", 0)
 
 
 async def _proxy(source: _Source, endpoint: str) -> AppendResponse:

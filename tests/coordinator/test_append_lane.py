@@ -25,6 +25,7 @@ from protocol import (
     LabelSet,
     Status,
 )
+from protocol.frame_protocol import FrameProtocol
 from protocol.stream import FrameStream
 from protocol.wire import encode_frame_bytes
 from coordinator.append_fsm import AppendFSM, State
@@ -50,10 +51,9 @@ class _LanePipeline(FakePipeline):
 
 
 def _stream_of(data: bytes) -> FrameStream:
-    reader = asyncio.StreamReader()
-    reader.feed_data(data)
-    writer = SimpleNamespace(transport=None, get_extra_info=lambda _key: None)
-    return FrameStream(reader, writer)  # type: ignore[arg-type]
+    protocol = FrameProtocol()
+    protocol.feed(data)
+    return FrameStream(protocol)
 
 
 def _frames(chunks: list[bytes], end: object = None) -> bytes:
@@ -81,7 +81,7 @@ async def _by_lane(broker: SimpleNamespace, chunks: list[bytes],
     conn = _stream_of(_frames(chunks))
     lane = try_lane(broker, conn, req or AppendRequest(journal=J))
     assert lane is not None, "the lane declined an append it should take"
-    assert not conn.reader._buffer  # noqa: SLF001 - the whole append was taken
+    assert not conn.protocol.buffered  # the whole append was taken
     return await finish(lane)
 
 
@@ -164,7 +164,7 @@ async def test_a_failing_pipeline_is_answered_as_the_fsm_answers(faults) -> None
 def _declines(broker: SimpleNamespace, data: bytes, req: AppendRequest | None = None) -> None:
     conn = _stream_of(data)
     assert try_lane(broker, conn, req or AppendRequest(journal=J)) is None
-    assert bytes(conn.reader._buffer) == data  # noqa: SLF001 - nothing consumed
+    assert conn.protocol.unconsumed() == data  # nothing consumed
 
 
 async def test_the_lane_leaves_every_other_case_to_the_fsm() -> None:

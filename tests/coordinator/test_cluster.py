@@ -195,13 +195,13 @@ async def test_garbage_frames_disconnect_only_that_client(cluster3: Cluster) -> 
     host, port = node.endpoint.split(":")
     for junk in (b"\xff" * 64, b"\x00\x00\x00\x07\x0a\x00\x00\x00\x09abc", b"GET / HTTP/1.1\r\n\r\n"):
         reader, writer = await asyncio.open_connection(host, int(port))
-        bad = FrameStream(reader, writer)
         writer.write(junk)
         await writer.drain()
         # The server answers with an ErrorFrame (or nothing) and closes.
         rest = await asyncio.wait_for(reader.read(), 10.0)
         assert reader.at_eof()
-        await bad.close()
+        writer.close()
+        await writer.wait_closed()
         del rest
     r = await good.append("garbage/j", [b"still fine"])
     assert r.status == Status.OK

@@ -24,7 +24,7 @@ from coordinator.read_relay import gap_holders
 from coordinator.replica import Replica, lineage_agrees_until
 from coordinator.spool import MemoryFiles
 from protocol import ProcessId, ReadContent, ReadRequest, ReadResponse, Route, Status
-from protocol.stream import FrameStream
+from protocol.stream import FrameStream, serve_frames
 from topology.membership import BrokerSpec
 
 J = "gaps/former"
@@ -75,8 +75,7 @@ async def _served(serve: Callable[[FrameStream], object]) -> AsyncIterator[Frame
     """A client FrameStream whose server side runs `serve(conn)` once."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = FrameStream(reader, writer)
+    async def handle(conn: FrameStream) -> None:
         try:
             await serve(conn)
             done.set_result(None)
@@ -85,7 +84,7 @@ async def _served(serve: Callable[[FrameStream], object]) -> AsyncIterator[Frame
         finally:
             await conn.close()  # flushes what is still queued
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await serve_frames(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = await FrameStream.connect(f"127.0.0.1:{port}")
     try:

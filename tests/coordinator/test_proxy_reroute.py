@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from coordinator.append_api import proxy_append
 from protocol import (AppendChunk, AppendCommit, AppendRequest, AppendResponse, Etcd, Header,
                       Hello, HelloAck, ProcessId, Route, Status)
-from protocol.stream import FrameStream
+from protocol.stream import FrameStream, serve_frames
 
 J = "proxy/journal"
 A, B = ProcessId("z", "aaaa"), ProcessId("z", "bbbb")
@@ -71,8 +71,7 @@ class _Broker:
 
 
 async def _new_primary(got: list[object]):  # noqa: ANN202
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stream = FrameStream(reader, writer)
+    async def serve(stream: FrameStream) -> None:
         assert isinstance((await stream.read()).message, Hello)
         await stream.send(HelloAck(process_id=B))
         while True:
@@ -81,9 +80,9 @@ async def _new_primary(got: list[object]):  # noqa: ANN202
             if isinstance(frame.message, AppendCommit):
                 break
         await stream.send(AppendResponse(status=Status.OK))
-        writer.close()
+        await stream.close()
 
-    return await asyncio.start_server(serve, "127.0.0.1", 0)
+    return await serve_frames(serve, "127.0.0.1", 0)
 
 
 async def test_an_unreachable_primary_is_replaced_by_the_one_resolved_now() -> None:

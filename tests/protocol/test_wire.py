@@ -296,25 +296,15 @@ def test_fuzz_header_decoding(cls: type[m.Message], header: bytes) -> None:
 async def test_frame_stream_rejects_hostile_prefix_without_reading_body() -> None:
     import asyncio
 
-    from protocol.stream import ConnectionClosed, FrameStream
+    from protocol.stream import ConnectionClosed
 
-    class _Writer:
-        transport = None
-
-        def get_extra_info(self, name: str):  # type: ignore[no-untyped-def]
-            return None
-
-    reader = asyncio.StreamReader()
-    reader.feed_data(prefix((1 << 32) - 1, m.AppendChunk.KIND, 0))  # no body will ever come
-    stream = FrameStream(reader, _Writer())  # type: ignore[arg-type]
+    _, stream = _stream_over(prefix((1 << 32) - 1, m.AppendChunk.KIND, 0))  # no body will come
     with pytest.raises(FrameTooLarge):
         await asyncio.wait_for(stream.read(), 5)
 
-    reader = asyncio.StreamReader()
-    reader.feed_data(encode_frame_bytes(m.ReadContent(offset=3), b"abc"))
-    reader.feed_data(encode_frame_bytes(m.Hello())[:-1])
-    reader.feed_eof()
-    stream = FrameStream(reader, _Writer())  # type: ignore[arg-type]
+    protocol, stream = _stream_over(encode_frame_bytes(m.ReadContent(offset=3), b"abc"),
+                                    encode_frame_bytes(m.Hello())[:-1])
+    protocol.eof_received()
     frame = await asyncio.wait_for(stream.read(), 5)
     assert frame.message == m.ReadContent(offset=3) and bytes(frame.payload) == b"abc"
     with pytest.raises(ConnectionClosed):
@@ -322,25 +312,18 @@ async def test_frame_stream_rejects_hostile_prefix_without_reading_body() -> Non
 
 
 def _stream_over(*parts: bytes):  # noqa: ANN202
-    import asyncio
-
+    from protocol.frame_protocol import FrameProtocol
     from protocol.stream import FrameStream
 
-    class _Writer:
-        transport = None
-
-        def get_extra_info(self, name: str):  # type: ignore[no-untyped-def]
-            return None
-
-    reader = asyncio.StreamReader()
+    protocol = FrameProtocol()
     for part in parts:
-        reader.feed_data(part)
-    return reader, FrameStream(reader, _Writer())  # type: ignore[arg-type]
+        protocol.feed(part)
+    return protocol, FrameStream(protocol)
 
 
 async def test_frame_stream_read_waits_once_per_frame_and_maps_a_reset() -> None:
     """read() waits for the whole frame (bytes trickling in), and a transport error
-    while it waits is ConnectionClosed, as from readexactly()."""
+    while it waits is ConnectionClosed."""
     import asyncio
 
     from protocol.stream import ConnectionClosed
@@ -349,11 +332,11 @@ async def test_frame_stream_read_waits_once_per_frame_and_maps_a_reset() -> None
     reader, stream = _stream_over(whole[:4])
     loop = asyncio.get_running_loop()
     for i in range(4, len(whole)):
-        loop.call_later(0.001 * i, reader.feed_data, whole[i:i + 1])
+        loop.call_later(0.001 * i, reader.feed, whole[i:i + 1])
     frame = await asyncio.wait_for(stream.read(), 5)
     assert frame.message == m.ReadContent(offset=3) and bytes(frame.payload) == b"abc"
     reader, stream = _stream_over(whole[:5])
-    loop.call_later(0.01, reader.set_exception, ConnectionResetError("reset by peer"))
+    loop.call_later(0.01, reader.connection_lost, ConnectionResetError("reset by peer"))
     with pytest.raises(ConnectionClosed, match="reset by peer"):
         await asyncio.wait_for(stream.read(), 5)
 
@@ -366,7 +349,7 @@ async def test_take_run_takes_a_whole_append_or_nothing() -> None:
     after = encode_frame_bytes(m.Hello())
     reader, stream = _stream_over(run + after)
     assert stream.take_run(chunk, commit) == [b"ab", b"c"]
-    assert bytes(reader._buffer) == after  # noqa: SLF001 - the next frame stays
+    assert reader.unconsumed() == after  # the next frame stays
     for partial in (run[:-1], run[:20], encode_frame_bytes(m.AppendCommit()),
                     encode_frame_bytes(m.AppendChunk(), b"") + run,
                     encode_frame_bytes(m.AppendChunk(), b"ab") + encode_frame_bytes(
@@ -374,7 +357,7 @@ async def test_take_run_takes_a_whole_append_or_nothing() -> None:
                     prefix((1 << 32) - 1, m.AppendChunk.KIND, 0)):
         reader, stream = _stream_over(partial)
         assert stream.take_run(chunk, commit) is None
-        assert bytes(reader._buffer) == partial  # noqa: SLF001 - nothing consumed
+        assert reader.unconsumed() == partial  # nothing consumed
 
 
 async def test_take_copies_counts_leading_copies_only() -> None:
@@ -382,7 +365,7 @@ async def test_take_copies_counts_leading_copies_only() -> None:
     other = encode_frame_bytes(m.ReplicateResponse(status=Status.PROPOSAL_MISMATCH))
     reader, stream = _stream_over(ok * 3 + other + ok)
     assert stream.take_copies(ok) == 3
-    assert bytes(reader._buffer) == other + ok  # noqa: SLF001
+    assert reader.unconsumed() == other + ok
     assert stream.take_copies(ok) == 0
     reader, stream = _stream_over(ok * 2 + ok[:-1])
-    assert stream.take_copies(ok) == 2 and bytes(reader._buffer) == ok[:-1]  # noqa: SLF001
+    assert stream.take_copies(ok) == 2 and reader.unconsumed() == ok[:-1]

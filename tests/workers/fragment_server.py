@@ -23,7 +23,7 @@ from protocol import (
     HelloAck,
     Status,
 )
-from protocol.stream import FrameStream
+from protocol.stream import FrameStream, serve_frames
 
 CHUNK = 64 * 1024
 
@@ -56,7 +56,7 @@ class FragmentServer:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._handle, "127.0.0.1", 0))
+                serve_frames(self._handle, "127.0.0.1", 0))
             self.port = self._server.sockets[0].getsockname()[1]
             ready.set()
             self._loop.run_forever()
@@ -81,8 +81,7 @@ class FragmentServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stream = FrameStream(reader, writer)
+    async def _handle(self, stream: FrameStream) -> None:
         try:
             await stream.read_message(Hello)
             await stream.send(HelloAck())

@@ -1,0 +1,194 @@
+"""The receive side of one frame connection: an asyncio BufferedProtocol that owns its
+read buffer, so the transport reads — and TLS decrypts — straight into it.
+
+asyncio's StreamReader is handed each read as a new bytes object and copies it onto its
+buffer. Over TLS it is worse: the SSL layer (uvloop's and asyncio's alike) reads every
+record (16 KiB at most) into a fresh 256 KiB bytes object, then joins them, before the
+StreamReader copies the result again — about 100 µs more per 64 KiB than decrypting into
+a buffer the application gives (docs/benchmarks.md, "Where TLS's time goes"). A
+BufferedProtocol is asked for that buffer: the kernel (plain TCP) or OpenSSL (TLS) writes
+into it, and stream.py decodes frames out of it where they lie.
+
+Layout: `buf[start:end]` holds the bytes received and not yet consumed; `buf[end:]` is
+room for the next read. Only `get_buffer` moves or grows the bytearray (to ROOMY the first
+time room runs short, then sliding the unconsumed bytes to the front, or extending it
+for a frame that does not fit): no view of it is alive then. The view
+it returns may still be held by the transport when `buffer_updated` runs, so that only
+advances `end`, and `consume` only advances `start`.
+
+Flow control as StreamReader's: reading pauses while over 2 × `limit` bytes wait
+unconsumed and resumes once `consume` brings them to `limit` or less; `drain` waits
+while the transport is over its write high-water mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+READ_ROOM = 1 << 16
+"""The least free room offered to one read, and a new connection's buffer."""
+ROOMY = 1 << 20
+"""What the buffer grows to the first time a read finds too little room: frames larger
+than a read then cost a slide of their partial tail once per ~ROOMY bytes, not per read."""
+SHRINK_ABOVE = ROOMY
+"""An empty buffer larger than this (grown for a frame bigger than ROOMY) goes back to
+READ_ROOM: one large frame must not keep megabytes per idle connection."""
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    def __init__(self, limit: int = 1 << 21,
+                 on_connected: Callable[[FrameProtocol], Any] | None = None) -> None:
+        self.buf = bytearray(READ_ROOM)
+        self.start = 0
+        self.end = 0
+        self.limit = limit
+        self.transport: asyncio.BaseTransport | None = None
+        self.exc: BaseException | None = None
+        """Why the connection was lost, if not cleanly (reads raise it once drained)."""
+        self.eof = False
+        self.lost = False
+        self._on_connected = on_connected
+        self._over_ssl = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._closed: asyncio.Future[None] | None = None
+        self.task: Any = None
+        """What `on_connected` returned (a server's handler task), kept alive here."""
+
+    # -- the transport's calls --------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        if self._on_connected is not None:
+            self.task = self._on_connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        room = max(sizehint, READ_ROOM)
+        buf = self.buf
+        if self.start == self.end:
+            self.start = self.end = 0
+            if len(buf) > SHRINK_ABOVE and room < SHRINK_ABOVE:
+                self.buf = buf = bytearray(max(room, READ_ROOM))
+        if len(buf) - self.end < room and len(buf) < ROOMY:
+            buf.extend(bytes(ROOMY - len(buf)))
+        if len(buf) - self.end < room:
+            held = self.end - self.start
+            if self.start:
+                with memoryview(buf) as view:
+                    view[:held] = view[self.start:self.end]
+                self.start, self.end = 0, held
+            if len(buf) - held < room:
+                buf.extend(bytes(max(held + room, 2 * len(buf)) - len(buf)))
+        return memoryview(buf)[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        self._wake()
+        if not self._reading_paused and self.end - self.start > 2 * self.limit:
+            self._pause_reading()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return not self._over_ssl  # (plain TCP: we may still write; TLS closes anyway)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if exc is None:
+            self.eof = True
+        elif self.exc is None:
+            self.exc = exc
+        self._wake()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(exc if exc is not None
+                                     else ConnectionResetError("Connection lost"))
+        self._drain_waiters.clear()
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- the reader's calls -----------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed."""
+        return self.end - self.start
+
+    def unconsumed(self) -> bytes:
+        return bytes(self.buf[self.start:self.end])
+
+    def consume(self, n: int) -> None:
+        self.start += n
+        if self.start == self.end:
+            self.start = self.end = 0
+        if self._reading_paused and self.end - self.start <= self.limit:
+            self._reading_paused = False
+            if self.transport is not None and not self.lost:
+                self.transport.resume_reading()  # type: ignore[attr-defined]
+
+    async def wait_for_data(self) -> None:
+        """Until more bytes, EOF or the loss of the connection arrive."""
+        if self._data_waiter is not None:
+            raise RuntimeError("another coroutine is already waiting for this connection's data")
+        if self._reading_paused:  # (a waiting reader wants more than is buffered)
+            self._reading_paused = False
+            if self.transport is not None and not self.lost:
+                self.transport.resume_reading()  # type: ignore[attr-defined]
+        self._data_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._data_waiter
+        finally:
+            self._data_waiter = None
+
+    def feed(self, data: bytes) -> None:
+        """Deliver `data` as a transport's read would (tests, in-process pipes)."""
+        view = self.get_buffer(len(data))
+        view[:len(data)] = data
+        del view
+        self.buffer_updated(len(data))
+
+    # -- the writer's calls -----------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait while the transport is paused for writing; ConnectionResetError once lost."""
+        if self.lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._writing_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    async def wait_closed(self) -> None:
+        if self.lost:
+            return
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._closed)
+
+    def _wake(self) -> None:
+        waiter = self._data_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _pause_reading(self) -> None:
+        try:
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        except (AttributeError, NotImplementedError):
+            return  # (a transport that cannot pause: the buffer just grows)
+        self._reading_paused = True
