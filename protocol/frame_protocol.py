@@ -2,11 +2,10 @@
 read buffer, so the transport reads — and TLS decrypts — straight into it.
 
 asyncio's StreamReader is handed each read as a new bytes object and copies it onto its
-buffer. Over TLS it is worse: the SSL layer (uvloop's and asyncio's alike) reads every
-record (16 KiB at most) into a fresh 256 KiB bytes object, then joins them, before the
-StreamReader copies the result again — about 100 µs more per 64 KiB than decrypting into
-a buffer the application gives (docs/benchmarks.md, "Where TLS's time goes"). A
-BufferedProtocol is asked for that buffer: the kernel (plain TCP) or OpenSSL (TLS) writes
+buffer. Over TLS the SSL layer (uvloop's and asyncio's alike) also reads every record
+(16 KiB at most) into a fresh 256 KiB bytes object and joins them before the StreamReader
+copies the result again (`python -m bench.recv` measures the difference: docs/
+benchmarks.md, "One connection's receive path"). A BufferedProtocol is asked for that buffer: the kernel (plain TCP) or OpenSSL (TLS) writes
 into it, and stream.py decodes frames out of it where they lie.
 
 Layout: `buf[start:end]` holds the bytes received and not yet consumed; `buf[end:]` is
@@ -137,18 +136,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.start == self.end:
             self.start = self.end = 0
         if self._reading_paused and self.end - self.start <= self.limit:
-            self._reading_paused = False
-            if self.transport is not None and not self.lost:
-                self.transport.resume_reading()  # type: ignore[attr-defined]
+            self._resume_reading()
 
     async def wait_for_data(self) -> None:
         """Until more bytes, EOF or the loss of the connection arrive."""
         if self._data_waiter is not None:
             raise RuntimeError("another coroutine is already waiting for this connection's data")
         if self._reading_paused:  # (a waiting reader wants more than is buffered)
-            self._reading_paused = False
-            if self.transport is not None and not self.lost:
-                self.transport.resume_reading()  # type: ignore[attr-defined]
+            self._resume_reading()
         self._data_waiter = asyncio.get_running_loop().create_future()
         try:
             await self._data_waiter
@@ -185,6 +180,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         waiter = self._data_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _resume_reading(self) -> None:
+        self._reading_paused = False
+        if self.transport is not None and not self.lost:
+            self.transport.resume_reading()  # type: ignore[attr-defined]
 
     def _pause_reading(self) -> None:
         try:
