@@ -46,7 +46,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocol import Status, validate_journal_name
@@ -68,19 +70,35 @@ FATAL_STATUSES = frozenset({
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
+def _future_factory(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[AppendResult]]:
+    """`loop.create_future` — one future per message, so on asyncio's own loop (whose
+    create_future is a Python method that only does this) the Future class is called
+    directly; uvloop's create_future is already native."""
+    if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return loop.create_future
+
+
+def _unbound_future() -> asyncio.Future[AppendResult]:
+    raise RuntimeError("AppendService.start() sets the loop's future factory")
+
+
 class ServiceClosed(QuireError):
     """The AppendService was closed before the message could be appended."""
 
 
 class _Batch:
-    __slots__ = ("seq", "buf", "path", "size", "waiters", "in_flight", "done", "txn", "unknown")
+    __slots__ = ("seq", "buf", "path", "size", "waiters", "ends", "in_flight", "done", "txn",
+                 "unknown")
 
     def __init__(self, seq: int, loop: asyncio.AbstractEventLoop) -> None:
         self.seq = seq
         self.buf: bytearray | bytes | None = bytearray()
         self.path: Path | None = None
         self.size = 0
-        self.waiters: list[tuple[asyncio.Future[AppendResult], int, int]] = []
+        self.waiters: list[asyncio.Future[AppendResult]] = []
+        self.ends: list[int] = []
+        """Where each waiter's message ends in `buf` (it begins where the previous ends)."""
         self.in_flight = False
         self.done: asyncio.Future[None] = loop.create_future()
         self.txn: TxnId | None = None
@@ -134,6 +152,8 @@ class AppendService:
         self._journals: dict[str, _Journal] = {}
         self._seq = 0
         self._room = asyncio.Event()
+        self._create_future: Callable[[], asyncio.Future[AppendResult]] = _unbound_future
+        """The running loop's create_future, once start() has seen the loop."""
         self._started = False
         self._closed = False
 
@@ -144,8 +164,9 @@ class AppendService:
         if self._started:
             return self
         self._started = True
+        loop = asyncio.get_running_loop()
+        self._create_future = _future_factory(loop)
         if self.spill is not None:
-            loop = asyncio.get_running_loop()
             for journal, seq, path, size in self.spill.scan():
                 batch = _Batch(seq, loop)
                 batch.buf, batch.path, batch.size = None, path, size
@@ -161,14 +182,9 @@ class AppendService:
         Returns at once (after backpressure) with a future resolving to the message's
         own span once its batch committed, or to the batch's error if it was refused.
         """
-        if self._closed:
-            raise ServiceClosed("append after close()")
-        if not self._started:
-            await self.start()
         q = self._journals.get(journal)
-        if q is None:
-            validate_journal_name(journal, "journal")
-            q = self._journal(journal)
+        if q is None or self._closed or not self._started:
+            q = await self._first_of(journal)
         size = len(data)
         if self.memory and self.memory + size > self.max_buffered_bytes:
             await self._make_room(q, size)  # no coroutine per message while there is room
@@ -181,14 +197,28 @@ class AppendService:
                 or (batch.size and batch.size + size > self.max_batch_bytes)):
             batch = self._new_batch()
             q.batches.append(batch)
-        assert isinstance(batch.buf, bytearray)
-        future: asyncio.Future[AppendResult] = batch.done.get_loop().create_future()
-        batch.waiters.append((future, batch.size, batch.size + size))
-        batch.buf += data
+        future: asyncio.Future[AppendResult] = self._create_future()
+        batch.waiters.append(future)
+        batch.buf += data  # type: ignore[operator]  (a bytearray: checked above)
         batch.size += size
+        batch.ends.append(batch.size)
         self.memory += size
-        self._wake(q)
+        writer = q.writer
+        if writer is None or writer.done():
+            self._wake(q)
         return future
+
+    async def _first_of(self, journal: str) -> _Journal:
+        """append()'s slow path: closed, not started, or a journal not seen yet."""
+        if self._closed:
+            raise ServiceClosed("append after close()")
+        if not self._started:
+            await self.start()
+        q = self._journals.get(journal)
+        if q is None:
+            validate_journal_name(journal, "journal")
+            q = self._journal(journal)
+        return q
 
     async def flush(self, journal: str | None = None, timeout: float | None = None) -> None:
         """Wait until everything accepted so far was committed (or refused)."""
@@ -334,16 +364,20 @@ class AppendService:
                 self.spill.remove(batch.path)
             else:
                 self.spill.quarantine(q.name, batch.path)
-        for future, start, end in batch.waiters:
-            if future.done():
-                continue
-            if error is not None:
-                future.set_exception(error)
-            else:
-                assert result is not None
-                future.set_result(AppendResult(journal=q.name, begin=result.begin + start,
-                                               end=result.begin + end, commit=result.commit,
-                                               registers=result.registers))
+        if error is not None:
+            for future in batch.waiters:
+                if not future.done():
+                    future.set_exception(error)
+        else:
+            assert result is not None
+            name, at, commit, registers = q.name, result.begin, result.commit, result.registers
+            begin = at
+            for future, end in zip(batch.waiters, batch.ends):
+                end += at
+                if not future.done():
+                    future.set_result(AppendResult(journal=name, begin=begin, end=end,
+                                                   commit=commit, registers=registers))
+                begin = end
         if not batch.done.done():
             batch.done.set_result(None)
 
@@ -360,7 +394,7 @@ class AppendService:
                     batch.buf = None
                 reason = (f"kept in {batch.path}, appended by the next AppendService "
                           "over this spill dir") if batch.path else "not appended"
-                for future, _, _ in batch.waiters:
+                for future in batch.waiters:
                     if not future.done():
                         future.set_exception(ServiceClosed(f"closed before commit; {reason}"))
                 if not batch.done.done():
