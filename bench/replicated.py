@@ -17,7 +17,9 @@ repetitions. Shapes (bench/closed_loop.py): one operation in flight per connecti
 1 KiB ×1, 1 KiB ×64, 64 KiB ×8, 1 MiB ×8 (and quire's 8-journal case against the
 pipeline's); batched: 100-byte messages as each system's users batch them
 (AppendService; JetStream publishes with up to 1,000 acknowledgements outstanding; a
-Redis pipeline of 100 XADDs and one WAIT).
+Redis pipeline of 100 XADDs and one WAIT) — and the single Redis of `quire bench`'s
+matrix with redis-py's pipelines of 100 XADDs, the reference of the AppendService goal,
+so that ratio too is a median over alternated repetitions.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from quire.client import Client
 from .matrix import append_case, message_rate
 from .peer_nats import NatsCluster, NatsDriver
 from .peer_redis_wait import RedisReplicas, RedisWaitDriver
-from .peers import size_name
+from .peers import BenchRedis, size_name, xadd_pipelined
 from .pipeline_ref import PipelineRef, ref_case
 
 __all__ = ["SHAPES", "kafka_unavailable", "run_replicated", "summarize"]
@@ -60,8 +62,8 @@ def _case(size: int, conc: int) -> str:
 
 
 async def _repetition(rep: int, client: Client, ref: PipelineRef, nats: NatsDriver,
-                      redis_wait: RedisWaitDriver, multi: list[str], seconds: float,
-                      say: Callable[[str], None]) -> dict[str, float]:
+                      redis_wait: RedisWaitDriver, redis_pipe: Any, multi: list[str],
+                      seconds: float, say: Callable[[str], None]) -> dict[str, float]:
     """One pass over every shape and system; returns the figures of this pass."""
     fig: dict[str, float] = {}
     for size, conc in SHAPES:
@@ -96,13 +98,18 @@ async def _repetition(rep: int, client: Client, ref: PipelineRef, nats: NatsDriv
         ("quire", lambda: message_rate(client, "bench/messages", seconds=seconds, size=BATCH_SIZE)),
         ("nats", lambda: nats.batched(BATCH_SIZE, 1000, seconds)),
         ("redis_wait", lambda: redis_wait.batched(BATCH_SIZE, 100, seconds)),
+        # The single Redis of the matrix, redis-py's blocking pipelines of 100 XADDs (no
+        # WAIT): the reference of the AppendService goal, alternated like the rest.
+        ("redis_pipe", lambda: asyncio.to_thread(xadd_pipelined, redis_pipe, BATCH_SIZE,
+                                                 seconds=seconds)),
     ]
     k = rep % len(batched)
     for name, run in batched[k:] + batched[:k]:
         res = await run()
         fig[f"{name}_batched_100b_ops"] = res.get("msgs_per_s", res.get("ops_per_s", 0.0))
     say(f"rep {rep + 1} batched 100 B: quire {fig['quire_batched_100b_ops']:,.0f}/s, "
-        f"NATS {fig['nats_batched_100b_ops']:,.0f}/s, Redis+WAIT {fig['redis_wait_batched_100b_ops']:,.0f}/s")
+        f"NATS {fig['nats_batched_100b_ops']:,.0f}/s, Redis+WAIT {fig['redis_wait_batched_100b_ops']:,.0f}/s, "
+        f"Redis pipelined {fig['redis_pipe_batched_100b_ops']:,.0f}/s")
     return fig
 
 
@@ -123,7 +130,7 @@ def ratios(fig: dict[str, float]) -> dict[str, float]:
                 f"pipeline_fresh_{case}_ops")
     case = f"1k_c64_j{MULTI}"
     put(f"ratio_quire_r3_{case}_vs_pipeline", f"quire_{case}_ops", f"pipeline_{case}_ops")
-    for peer in ("nats", "redis_wait"):
+    for peer in ("nats", "redis_wait", "redis_pipe"):
         put(f"ratio_quire_batched_100b_vs_{peer}", "quire_batched_100b_ops",
             f"{peer}_batched_100b_ops")
     return out
@@ -141,7 +148,7 @@ def summarize(reps: list[dict[str, float]]) -> dict[str, Any]:
 
 
 async def _run(cluster: LocalCluster, ref: PipelineRef, nats_urls: list[str],
-               redis: RedisReplicas, workdir: Path, repeat: int, seconds: float,
+               redis: RedisReplicas, redis_pipe: Any, workdir: Path, repeat: int, seconds: float,
                say: Callable[[str], None]) -> list[dict[str, float]]:
     store = (workdir / "store").as_uri() + "/"
     (workdir / "store").mkdir(parents=True, exist_ok=True)
@@ -157,7 +164,8 @@ async def _run(cluster: LocalCluster, ref: PipelineRef, nats_urls: list[str],
             await client.append(spec.name, b"", retry_timeout=60)
         async with NatsDriver(nats_urls) as nats, RedisWaitDriver(redis) as redis_wait:
             for rep in range(repeat):
-                fig = await _repetition(rep, client, ref, nats, redis_wait, multi, seconds, say)
+                fig = await _repetition(rep, client, ref, nats, redis_wait, redis_pipe, multi,
+                                        seconds, say)
                 fig.update(ratios(fig))
                 reps.append(fig)
     finally:
@@ -174,8 +182,10 @@ def run_replicated(workdir: Path, *, repeat: int, seconds: float, coordinators: 
     say(out["kafka_skipped"])
     with LocalCluster(coordinators, zones=("zone-a", "zone-b"), workdir=workdir / "cluster") as cl, \
             PipelineRef() as ref, NatsCluster(workdir / "nats") as nats, \
-            RedisReplicas(workdir / "redis") as redis:
-        reps = asyncio.run(_run(cl, ref, nats.urls, redis, workdir, repeat, seconds, say))
+            RedisReplicas(workdir / "redis") as redis, BenchRedis() as single, \
+            single.client() as redis_pipe:
+        reps = asyncio.run(_run(cl, ref, nats.urls, redis, redis_pipe, workdir, repeat, seconds,
+                                say))
     out["repetitions"] = reps
     out["summary"] = summarize(reps)
     out["loadavg_end"] = os.getloadavg()[0]
