@@ -8,7 +8,9 @@ Theory of operation (after Gazette's broker/client/append_service.go):
   Messages to one journal therefore commit in the order `append()` accepted them, and
   everything accepted while a batch is in flight goes out together in the next one.
 * Memory is bounded by `max_buffered_bytes` over all journals: `append()` waits for
-  room (backpressure) while the cluster is answering.
+  room (backpressure) while the cluster is answering. It also yields to the loop once
+  per YIELD_BYTES accepted, so a producer loop that awaits nothing else still lets the
+  writers send batches and take answers while it produces.
 * While the cluster is unreachable (a batch failed with Unavailable), the journal's
   batches are *spilled*: written whole to `spill_dir` and dropped from memory, so
   writers keep going at disk speed. The writer keeps retrying the head and drains the
@@ -68,6 +70,10 @@ FATAL_STATUSES = frozenset({
     Status.PRODUCER_GENERATION_RETIRED, Status.HISTORY_CLOSED,
 })
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+YIELD_BYTES = 256 << 10
+"""append() yields to the loop once per this many bytes accepted, so a producer loop that
+awaits nothing else still lets the writers put batches on the wire and take their
+answers while it goes on (otherwise one batch would grow until the producer waits)."""
 
 
 def _future_factory(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[AppendResult]]:
@@ -156,6 +162,8 @@ class AppendService:
         """The running loop's create_future, once start() has seen the loop."""
         self._started = False
         self._closed = False
+        self._unyielded = 0
+        """Bytes accepted since append() last yielded to the loop (YIELD_BYTES)."""
 
     # -- public ---------------------------------------------------------------------
 
@@ -206,6 +214,10 @@ class AppendService:
         writer = q.writer
         if writer is None or writer.done():
             self._wake(q)
+        self._unyielded += size
+        if self._unyielded >= YIELD_BYTES:
+            self._unyielded = 0
+            await asyncio.sleep(0)  # the writers' turn (see YIELD_BYTES)
         return future
 
     async def _first_of(self, journal: str) -> _Journal:

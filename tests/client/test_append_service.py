@@ -183,3 +183,24 @@ async def test_messages_queued_during_an_unknown_outcome_go_in_a_new_batch() -> 
                 await svc.flush(timeout=10)
             assert (first.result().begin, second.result().begin) == (0, 4)
             assert [body for _, body in broker.appends] == [b"one\n", b"two\n"]
+
+
+async def test_a_producer_that_awaits_nothing_else_lets_the_writer_send() -> None:
+    """append() yields to the loop once per YIELD_BYTES accepted: a tight producer loop
+    does not hold its first batch back until it stops producing."""
+    from quire.client.append_service import YIELD_BYTES
+
+    msg = b"x" * 1023 + b"\n"
+    async with running() as broker:
+        broker.create("y/journal")
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client) as svc:
+                futures = [await svc.append("y/journal", msg) for _ in range(YIELD_BYTES // len(msg))]
+                q = svc._journals["y/journal"]  # noqa: SLF001
+                assert len(q.batches) == 1 and q.batches[0].in_flight  # taken by the writer
+                futures += [await svc.append("y/journal", msg) for _ in range(10)]
+                assert len(q.batches) == 2  # later messages wait in the next batch
+                await svc.flush()
+                assert [f.result().end for f in futures] == [(i + 1) * len(msg)
+                                                             for i in range(len(futures))]
+    assert bytes(broker.content["y/journal"]) == msg * len(futures)
