@@ -8,9 +8,10 @@ Theory of operation (after Gazette's broker/client/append_service.go):
   Messages to one journal therefore commit in the order `append()` accepted them, and
   everything accepted while a batch is in flight goes out together in the next one.
 * Memory is bounded by `max_buffered_bytes` over all journals: `append()` waits for
-  room (backpressure) while the cluster is answering. It also yields to the loop once
-  per YIELD_BYTES accepted, so a producer loop that awaits nothing else still lets the
-  writers send batches and take answers while it produces.
+  room (backpressure) while the cluster is answering. It also yields to the loop after
+  every YIELD_BYTES accepted (before accepting the next message, so a cancelled append
+  never leaves its message accepted), so a producer loop that awaits nothing else still
+  lets the writers send batches and take answers while it produces.
 * While the cluster is unreachable (a batch failed with Unavailable), the journal's
   batches are *spilled*: written whole to `spill_dir` and dropped from memory, so
   writers keep going at disk speed. The writer keeps retrying the head and drains the
@@ -71,7 +72,7 @@ FATAL_STATUSES = frozenset({
 })
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 YIELD_BYTES = 256 << 10
-"""append() yields to the loop once per this many bytes accepted, so a producer loop that
+"""append() yields to the loop once this many bytes were accepted since it last did, so a producer loop that
 awaits nothing else still lets the writers put batches on the wire and take their
 answers while it goes on (otherwise one batch would grow until the producer waits)."""
 
@@ -194,10 +195,9 @@ class AppendService:
         if q is None or self._closed or not self._started:
             q = await self._first_of(journal)
         size = len(data)
-        if self.memory and self.memory + size > self.max_buffered_bytes:
-            await self._make_room(q, size)  # no coroutine per message while there is room
-            if self._closed:
-                raise ServiceClosed("append after close()")
+        if self._unyielded >= YIELD_BYTES or (
+                self.memory and self.memory + size > self.max_buffered_bytes):
+            await self._wait_turn(q, size)  # no coroutine per message otherwise
         batch = q.batches[-1] if q.batches else None
         # A batch that was sent once is frozen (bytes, or spilled): a re-send after an
         # unknown outcome must carry exactly what the first attempt carried.
@@ -211,14 +211,22 @@ class AppendService:
         batch.size += size
         batch.ends.append(batch.size)
         self.memory += size
+        self._unyielded += size
         writer = q.writer
         if writer is None or writer.done():
             self._wake(q)
-        self._unyielded += size
-        if self._unyielded >= YIELD_BYTES:
-            self._unyielded = 0
-            await asyncio.sleep(0)  # the writers' turn (see YIELD_BYTES)
         return future
+
+    async def _wait_turn(self, q: _Journal, size: int) -> None:
+        """Before a message is accepted (so a cancel here accepts nothing): wait for room
+        (backpressure), or give the writers their turn (YIELD_BYTES)."""
+        self._unyielded = 0
+        if self.memory and self.memory + size > self.max_buffered_bytes:
+            await self._make_room(q, size)
+        else:
+            await asyncio.sleep(0)
+        if self._closed:
+            raise ServiceClosed("append after close()")
 
     async def _first_of(self, journal: str) -> _Journal:
         """append()'s slow path: closed, not started, or a journal not seen yet."""
