@@ -263,14 +263,23 @@ async def _isolate_primary_host(cluster: HostsCluster, client: Client, appender:
 
     async def rejoined() -> bool | NotYet:
         primary, members = await _primary(client)
-        return (old in members and primary != old and len(members) == 3) or \
+        return (old in members and bool(primary) and len(members) == 3) or \
             NotYet(f"primary {primary}, members {members}")
 
-    await until("the old primary to rejoin as a replica", 90, rejoined)
+    # Back in the route; it may lead again. Usually a surviving replica took over and the
+    # member that makes way for the old one is a replica. But when the stand-in primary is
+    # the one making way (e.g. every lease lapsed together while etcd failed over and the
+    # journal was placed afresh without it), the allocator hands the journal to the
+    # best-ranked member that took part in the last advertised sync: the old primary,
+    # which HRW ranks first here. That sync is what made its data current again, and
+    # `_check_every_ack` checks no acknowledged append was lost.
+    await until("the old primary to rejoin the route", 90, rejoined)
     # Printed so a slow rejoin (one CI timeout beside a chaos campaign) can be told from
     # a stuck one: it re-announces (waiting out its old key, up to TTL + 5 s), is re-added
     # by HRW placement, synced by the primary, and the surplus replica removed.
-    print(f"\nold primary {old} rejoined as a replica {time.monotonic() - healed_at:.1f} s "
+    primary, _ = await _primary(client)
+    role = "the primary again" if primary == old else "a replica"
+    print(f"\nold primary {old} rejoined as {role} {time.monotonic() - healed_at:.1f} s "
           f"after the heal")
     before = len(appender.acked)
     await until("appends after the heal", 20, lambda: _true(len(appender.acked) >= before + 20))
