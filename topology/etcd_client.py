@@ -8,6 +8,11 @@ aetcd's client with what etcd's own Go client (clientv3) adds:
   to one member at a time and keeps one gRPC channel per member, created on first use
   and never closed before the client is (a channel to a dead member reconnects by
   itself when the member is back; closing a channel would cancel calls still on it).
+- **Spread**: each client starts at a member picked at random, as clientv3's balancer
+  spreads its connections, so one member's death or isolation reaches about a third of
+  a cluster's processes rather than all of them (with every coordinator on one member,
+  isolating that member's host left every lease unrefreshed until all had failed over,
+  and with a short TTL every coordinator lost its membership at once).
 - **Failover**: `fail_over()` moves every later call to the next member. It is called
   by `txn` and `watch_events` on UNAVAILABLE (etcd's "no leader", "request timed out",
   a refused or dropped connection) and, while a client of several endpoints is open,
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -164,7 +170,7 @@ class EtcdClient(aetcd.Client):
         self.endpoints = endpoints
         self.tls = tls if first.secure else None
         self._credentials = self.tls.credentials() if self.tls else None
-        self._current = 0
+        self._current = random.randrange(len(endpoints))  # the spread (module doc)
         self._channels: dict[int, Any] = {}
         self._health: asyncio.Task[None] | None = None
         self.failovers = 0
