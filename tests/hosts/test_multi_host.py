@@ -216,13 +216,17 @@ async def _true(value: bool) -> bool:
 async def _etcd_member_loss(cluster: HostsCluster, client: Client, appender: Appender) -> None:
     primary, _ = await _primary(client)
     host = cluster.host_at(primary)
-    # The member the primary's coordinator holds a connection to (its client port).
-    peers = set(host.run(["ss", "-Htn", "state", "established"]).stdout.split())
+    # The member the primary's coordinator holds a connection to (its client port): the
+    # coordinator's own sockets, not those of other processes on its host (etcd clients
+    # start at a random member, so a worker beside it may use another).
+    pid = cluster.coordinators[host.name].pid
+    sockets = host.run(["ss", "-Htnp", "state", "established"]).stdout.splitlines()
+    peers = {word for line in sockets if f"pid={pid}," in line for word in line.split()}
     # (an IPv4 peer of a dual-stack socket shows as [::ffff:a.b.c.d]:port)
     victim = next((m for m in cluster.etcd.members
                    if {f"{m.host}:{m.client_port}", f"[::ffff:{m.host}]:{m.client_port}"} & peers),
                   None)
-    assert victim is not None, f"no etcd connection from {host.name}: {sorted(peers)}"
+    assert victim is not None, f"no etcd connection from coordinator pid {pid}: {sockets}"
     killed_at = time.monotonic()
     victim.kill()
     try:
