@@ -6,8 +6,7 @@ One task (`_follow`) reacts to every keyspace change: it creates replicas for ne
 assignments, tears down pipelines whose route moved (so the new primary can take the
 replicas' spools), and pulses each journal for which we became primary (or whose route
 changed) — a zero-byte append through the ordinary FSM, retried with backoff until it
-succeeds for that route. Idle journals cost no task: pulses are one-shot and bounded
-by a semaphore.
+succeeds for that route (pulses.py).
 
 Safety on route changes (fence.py): every keyspace change aborts the replicate streams
 whose route is superseded (the spool goes to the new primary at once), and a replica
@@ -40,32 +39,21 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from protocol.logs import get_logger
-from protocol import AppendRequest, Route, Status
+from protocol import Route
 
-from .append_fsm import AppendFSM, State
 from topology.assignments import advertise_route
 from topology.etcd import connect
 from .fence import abort_superseded
 from topology.keyspace import KeySpace
 from topology.membership import BrokerSpec, Membership
 from .pipeline import PipelineBroken
+from .pulses import Pulses
 from .resolver import Resolver
 
 if TYPE_CHECKING:
     from .host import Host
 
 log = get_logger(__name__)
-
-PULSE_CONCURRENCY = 32
-PULSE_ATTEMPTS = 8
-
-
-class _Barrier:
-    """A content source with no content: the append is a transaction barrier."""
-
-    async def next_chunk(self) -> None:
-        return None
-
 
 class Hosting:
     def __init__(self, server: Host) -> None:
@@ -76,12 +64,11 @@ class Hosting:
         self.resolver: Resolver | None = None
         self.membership: Membership | None = None
         self._changed = asyncio.Event()
-        self._pulsed: dict[str, Route] = {}
-        self._pulsing: set[str] = set()
-        self._sem = asyncio.Semaphore(PULSE_CONCURRENCY)
+        self.pulses = Pulses(server, lambda journal: self.resolver.resolve_now(journal),
+                             lambda coro, name: self._spawn(coro, name=name), self._changed,
+                             self.cfg.pulse_interval)
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._stop = asyncio.Event()
         self._health_lock = asyncio.Lock()
 
     def _spawn(self, coro, name: str | None = None) -> None:  # noqa: ANN001
@@ -117,7 +104,7 @@ class Hosting:
         self._tg = tg
         self._spawn(self._follow(), name="hosting-follow")
         self._spawn(self._watch_lease(), name="hosting-lease")
-        self._spawn(self._pulse_loop(), name="hosting-pulse")
+        self._spawn(self.pulses.run(), name="hosting-pulse")
         if self.cfg.run_allocator:
             from topology.allocator import Allocator
 
@@ -166,7 +153,7 @@ class Hosting:
 
     def stop(self) -> None:
         """Cancel the topology tasks (the TaskGroup then finishes)."""
-        self._stop.set()
+        self.pulses.stopped = True
         for task in list(self._tasks):
             task.cancel()
 
@@ -243,7 +230,7 @@ class Hosting:
     def _drop_all(self, why: str, *, streams: bool) -> None:
         """Fail every pipeline we lead (and with `streams`, abort every replicate stream
         we serve); forget cached resolutions and pulses."""
-        self._pulsed.clear()
+        self.pulses.forget()
         for replica in list(self.server.replicas.values()):
             replica.resolution = None
             stream = replica.stream
@@ -276,7 +263,7 @@ class Hosting:
                 continue
             if replica.pipeline is None and not replica.spool_lock.locked() \
                     and not replica.pipeline_lock.locked():
-                self._pulsed.pop(journal, None)
+                self.pulses.forget(journal)
                 # Never drop committed content: close it for persistence and keep the
                 # replica (files, offset) until the index shows it persisted.
                 try:
@@ -300,10 +287,8 @@ class Hosting:
                     # than waiting on peers that may be gone.
                     pln._fail(PipelineBroken("no longer the journal's primary"))
                 self._spawn(self._retire(replica))
-            if res.is_primary and self._pulsed.get(journal) != res.route \
-                    and journal not in self._pulsing:
-                self._pulsing.add(journal)
-                self._spawn(self._pulse_until_synced(journal, res.route))
+            if res.is_primary:
+                self.pulses.want(journal, res.route)
 
     def check_retired(self, replica, fragment, path: str | None) -> None:  # noqa: ANN001
         """A fragment a retired replica closed: persisted once the route's members are
@@ -345,58 +330,3 @@ class Hosting:
                                     or not pln.route.equivalent(res.route)):
                 await self.server.teardown_pipeline(replica)
         self._changed.set()  # a replica no longer assigned may retire now
-
-    async def pulse(self, journal: str) -> AppendFSM:
-        req = AppendRequest(journal=journal, do_not_proxy=True, suspend="no-resume")
-        fsm = AppendFSM(self.server, req, _Barrier())
-        async with self._sem:
-            await fsm.run()
-        return fsm
-
-    async def _pulse_until_synced(self, journal: str, route: Route) -> None:
-        delay = 0.05
-        try:
-            for _ in range(PULSE_ATTEMPTS):
-                if self._stop.is_set():
-                    return
-                try:
-                    fsm = await self.pulse(journal)
-                except Exception:  # noqa: BLE001 - a pulse must never take the process down
-                    log.exception("pulse crashed; retrying", journal=journal)
-                    await asyncio.sleep(delay)  # backoff between attempts
-                    delay = min(delay * 2, 2.0)
-                    continue
-                # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
-                # pipeline synced: that is as good as a pulse gets for it.
-                if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
-                    self._pulsed[journal] = route
-                    return
-                if fsm.status == Status.INDEX_HAS_GREATER_OFFSET:
-                    # Synchronized, and refusing appends until an operator's reset-head
-                    # (fail-to-safety): pulsing again changes nothing. Said once per
-                    # route (and at each periodic pulse), with the runbook's words.
-                    log.warning("journal refuses appends until reset-head", journal=journal,
-                                message=fsm.message)
-                    self._pulsed[journal] = route
-                    return
-                now = self.resolver.resolve_now(journal)
-                if not now.is_primary or now.route != route:
-                    return  # the next reconcile pulses the new route
-                log.info("pulse failed; retrying", journal=journal, status=fsm.status.name,
-                         message=fsm.message, delay=delay)
-                await asyncio.sleep(delay)  # backoff between attempts, not a readiness guess
-                delay = min(delay * 2, 2.0)
-        finally:
-            self._pulsing.discard(journal)
-            if self._pulsed.get(journal) != route:
-                self._changed.set()  # re-evaluate (another attempt if still primary)
-
-    async def _pulse_loop(self) -> None:
-        """Periodic pulse of every journal we are primary of (flush interval, health)."""
-        while True:
-            await asyncio.sleep(self.cfg.pulse_interval)
-            for journal in list(self.server.replicas):
-                res = self.resolver.resolve_now(journal)
-                if res.is_primary and journal not in self._pulsing:
-                    self._pulsing.add(journal)
-                    self._spawn(self._pulse_until_synced(journal, res.route))
