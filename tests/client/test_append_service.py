@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -185,46 +187,49 @@ async def test_messages_queued_during_an_unknown_outcome_go_in_a_new_batch() -> 
             assert [body for _, body in broker.appends] == [b"one\n", b"two\n"]
 
 
+_MSG = b"x" * 1023 + b"\n"
+
+
+@contextlib.asynccontextmanager
+async def _up_to_the_yield() -> AsyncIterator[tuple[FakeBroker, AppendService, list]]:
+    """A service that has accepted exactly YIELD_BYTES of 1 KiB messages (their futures)
+    to y/journal without yielding: its next append() yields before accepting."""
+    from quire.client.append_service import YIELD_BYTES
+
+    async with running() as broker:
+        broker.create("y/journal")
+        async with Client([broker.endpoint]) as client:
+            async with AppendService(client) as svc:
+                yield broker, svc, [await svc.append("y/journal", _MSG)
+                                    for _ in range(YIELD_BYTES // len(_MSG))]
+
+
 async def test_a_producer_that_awaits_nothing_else_lets_the_writer_send() -> None:
     """append() yields to the loop once YIELD_BYTES were accepted (before it accepts the
     next message): a tight producer loop does not hold its first batch back until it
     stops producing."""
-    from quire.client.append_service import YIELD_BYTES
-
-    msg = b"x" * 1023 + b"\n"
-    n = YIELD_BYTES // len(msg)
-    async with running() as broker:
-        broker.create("y/journal")
-        async with Client([broker.endpoint]) as client:
-            async with AppendService(client) as svc:
-                futures = [await svc.append("y/journal", msg) for _ in range(n)]
-                q = svc._journals["y/journal"]  # noqa: SLF001
-                assert len(q.batches) == 1 and not q.batches[0].in_flight  # no yield yet
-                futures.append(await svc.append("y/journal", msg))  # yields, then accepts
-                assert len(q.batches[0].waiters) == n and q.batches[0].in_flight  # taken by the writer
-                futures += [await svc.append("y/journal", msg) for _ in range(10)]
-                assert len(q.batches) == 2  # later messages wait in the next batch
-                await svc.flush()
-                assert [f.result().end for f in futures] == [(i + 1) * len(msg)
-                                                             for i in range(len(futures))]
-    assert bytes(broker.content["y/journal"]) == msg * len(futures)
+    async with _up_to_the_yield() as (broker, svc, futures):
+        n = len(futures)
+        q = svc._journals["y/journal"]  # noqa: SLF001
+        assert len(q.batches) == 1 and not q.batches[0].in_flight  # no yield yet
+        futures.append(await svc.append("y/journal", _MSG))  # yields, then accepts
+        assert len(q.batches[0].waiters) == n and q.batches[0].in_flight  # taken by the writer
+        futures += [await svc.append("y/journal", _MSG) for _ in range(10)]
+        assert len(q.batches) == 2  # later messages wait in the next batch
+        await svc.flush()
+        assert [f.result().end for f in futures] == [(i + 1) * len(_MSG)
+                                                     for i in range(len(futures))]
+    assert bytes(broker.content["y/journal"]) == _MSG * len(futures)
 
 
 async def test_an_append_cancelled_while_it_yields_accepts_nothing() -> None:
-    from quire.client.append_service import YIELD_BYTES
-
-    msg = b"x" * 1023 + b"\n"
-    n = YIELD_BYTES // len(msg)
-    async with running() as broker:
-        broker.create("y/journal")
-        async with Client([broker.endpoint]) as client:
-            async with AppendService(client) as svc:
-                futures = [await svc.append("y/journal", msg) for _ in range(n)]
-                late = asyncio.ensure_future(svc.append("y/journal", b"never\n"))
-                await asyncio.sleep(0)  # `late` runs up to its yield
-                late.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await late
-                await svc.flush()
-                assert [f.result().end for f in futures][-1] == n * len(msg)
-    assert bytes(broker.content["y/journal"]) == msg * n
+    async with _up_to_the_yield() as (broker, svc, futures):
+        n = len(futures)
+        late = asyncio.ensure_future(svc.append("y/journal", b"never\n"))
+        await asyncio.sleep(0)  # `late` runs up to its yield
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        await svc.flush()
+        assert [f.result().end for f in futures][-1] == n * len(_MSG)
+    assert bytes(broker.content["y/journal"]) == _MSG * n
