@@ -72,9 +72,10 @@ FATAL_STATUSES = frozenset({
 })
 BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 YIELD_BYTES = 256 << 10
-"""append() yields to the loop once this many bytes were accepted since it last did, so a producer loop that
-awaits nothing else still lets the writers put batches on the wire and take their
-answers while it goes on (otherwise one batch would grow until the producer waits)."""
+"""append() yields to the loop once this many bytes were accepted since it last did, so
+a producer loop that awaits nothing else still lets the writers put batches on the wire
+and take their answers while it goes on (otherwise one batch would grow until the
+producer waits)."""
 
 
 def _future_factory(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[AppendResult]]:
