@@ -65,8 +65,7 @@ class Hosting:
         self.membership: Membership | None = None
         self._changed = asyncio.Event()
         self.pulses = Pulses(server, lambda journal: self.resolver.resolve_now(journal),
-                             lambda coro, name: self._spawn(coro, name=name), self._changed,
-                             self.cfg.pulse_interval)
+                             self._spawn, self._changed, self.cfg.pulse_interval)
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._health_lock = asyncio.Lock()
