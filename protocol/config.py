@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from . import config_values as v
+from .config_values import Secret
 from .discovery import default_data_dir, discover
 
 __all__ = ["ConfigError", "Secret", "Settings", "load_settings", "default_data_dir"]
@@ -33,33 +35,6 @@ ENV_PREFIX = "QUIRE_"
 
 class ConfigError(ValueError):
     """A setting has a bad value, or a config file is malformed."""
-
-
-class Secret:
-    """A string that does not print. `reveal()` is the only way to read it, so a
-    settings object can be logged, repr'd or put in an exception safely."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
 
 
 def _default_broker_id() -> str:
@@ -147,200 +122,39 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
 
-# -- value parsers: each returns the typed value or raises ValueError(expected)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise ValueError("expected a string")
-    return str(value).strip()
-
-
-def _http_url(value: Any) -> str:
-    s = _text(value)
-    u = urlsplit(s)
-    try:
-        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError("expected an http(s) URL like http://127.0.0.1:2379")
-    return s.rstrip("/")
-
-
-def _http_urls(value: Any) -> str:
-    """One http(s) URL, or several comma-separated with one scheme (an etcd cluster)."""
-    parts = [p.strip() for p in _text(value).split(",") if p.strip()]
-    if not parts:
-        raise ValueError("expected an http(s) URL like http://127.0.0.1:2379")
-    try:
-        urls = [_http_url(p) for p in parts]
-    except ValueError:
-        raise ValueError("expected http(s) URLs like http://etcd-a:2379,http://etcd-b:2379"
-                         if len(parts) > 1 else "expected an http(s) URL like http://127.0.0.1:2379"
-                         ) from None
-    if len({u.split("://")[0] for u in urls}) > 1:
-        raise ValueError("expected one scheme for every URL, not both http:// and https://")
-    return ",".join(urls)
-
-
-def _etcd_root(value: Any) -> str:
-    s = _text(value).rstrip("/")
-    if not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", s):
-        raise ValueError("expected an absolute key prefix like /quire")
-    return s
-
-
-def _redis_url(value: Any) -> str:
-    s = _text(value)
-    if urlsplit(s).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError("expected a URL like redis://127.0.0.1:6379/0")
-    return s
-
-
-def _store_url(value: Any) -> str:
-    s = _text(value)
-    u = urlsplit(s)
-    if u.scheme == "file" and u.path.startswith("/") and not u.netloc:
-        return s if s.endswith("/") else s + "/"
-    if u.scheme == "s3" and re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", u.netloc or ""):
-        return s if s.endswith("/") else s + "/"
-    raise ValueError("expected file:///absolute/dir/ or s3://bucket/prefix/")
-
-
-def _brokers(value: Any) -> str:
-    parts = [p.strip() for p in _text(value).split(",") if p.strip()]
-    if not parts:
-        raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080")
-    for part in parts:
-        try:
-            _hostport(part)
-        except ValueError:
-            raise ValueError("expected host:port[,host:port...] like 127.0.0.1:8080") from None
-    return ",".join(parts)
-
-
-def _endpoint(value: Any) -> str:
-    s = _text(value)
-    expected = "expected host:port or an http(s) URL like http://127.0.0.1:9000"
-    if "://" in s:
-        try:
-            return _http_url(s)
-        except ValueError:
-            raise ValueError(expected) from None
-    if re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", s):
-        return s
-    raise ValueError(expected)
-
-
-def _secret(value: Any) -> Secret:
-    if isinstance(value, Secret):
-        return value
-    s = _text(value)
-    if not s:
-        raise ValueError("expected a non-empty string")
-    return Secret(s)
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = _text(value).lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _dir(value: Any) -> str:
-    s = _text(value)
-    if not s:
-        raise ValueError("expected a directory path")
-    return str(Path(s).expanduser().absolute())
-
-
-def _file(value: Any) -> str:
-    s = _text(value)
-    if not s:
-        raise ValueError("expected a file path")
-    return str(Path(s).expanduser().absolute())
-
-
-def _token(value: Any) -> str:
-    s = _text(value)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", s):
-        raise ValueError("expected a name of letters, digits, '.', '_' or '-'")
-    return s
-
-
-def _hostport(value: Any) -> str:
-    s = _text(value)
-    host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError("expected host:port like 127.0.0.1:8080")
-    return s
-
-
-def _int(minimum: int, expected: str) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError(expected)
-        try:
-            n = int(str(value).strip()) if not isinstance(value, int) else value
-        except ValueError:
-            raise ValueError(expected) from None
-        if n < minimum:
-            raise ValueError(expected)
-        return n
-
-    return parse
-
-
-def _choice(*choices: str, upper: bool = False) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        s = _text(value)
-        s = s.upper() if upper else s.lower()
-        if s not in choices:
-            raise ValueError("expected one of " + "|".join(choices))
-        return s
-
-    return parse
-
-
 _PARSERS: dict[str, Callable[[Any], Any]] = {
-    "broker": _brokers,
-    "etcd_url": _http_urls,
-    "etcd_root": _etcd_root,
-    "etcd_ca": _file,
-    "etcd_cert": _file,
-    "etcd_key": _file,
-    "redis_url": _redis_url,
-    "store_url": _store_url,
-    "s3_endpoint": _endpoint,
-    "s3_access_key": _text,
-    "s3_secret_key": _secret,
-    "s3_region": _token,
-    "s3_secure": _bool,
-    "data_dir": _dir,
-    "spool_dir": _dir,
-    "zone": _token,
-    "broker_id": _token,
-    "listen": _hostport,
-    "journal_limit": _int(1, "expected a positive integer"),
-    "lease_ttl_seconds": _int(1, "expected a positive number of seconds"),
-    "min_append_rate": _int(0, "expected a number of bytes per second (0 disables)"),
-    "log_format": _choice("auto", "json", "console"),
-    "log_level": _choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True),
-    "auth_keys": _secret,
-    "auth_keys_file": _file,
-    "auth_audience": _token,
-    "token": _secret,
-    "token_file": _file,
-    "tls_cert": _file,
-    "tls_key": _file,
-    "tls_ca": _file,
-    "tls_client_auth": _bool,
+    "broker": v.brokers,
+    "etcd_url": v.http_urls,
+    "etcd_root": v.etcd_root,
+    "etcd_ca": v.file,
+    "etcd_cert": v.file,
+    "etcd_key": v.file,
+    "redis_url": v.redis_url,
+    "store_url": v.store_url,
+    "s3_endpoint": v.endpoint,
+    "s3_access_key": v.text,
+    "s3_secret_key": v.secret,
+    "s3_region": v.token,
+    "s3_secure": v.boolean,
+    "data_dir": v.directory,
+    "spool_dir": v.directory,
+    "zone": v.token,
+    "broker_id": v.token,
+    "listen": v.hostport,
+    "journal_limit": v.integer(1, "expected a positive integer"),
+    "lease_ttl_seconds": v.integer(1, "expected a positive number of seconds"),
+    "min_append_rate": v.integer(0, "expected a number of bytes per second (0 disables)"),
+    "log_format": v.choice("auto", "json", "console"),
+    "log_level": v.choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True),
+    "auth_keys": v.secret,
+    "auth_keys_file": v.file,
+    "auth_audience": v.token,
+    "token": v.secret,
+    "token_file": v.file,
+    "tls_cert": v.file,
+    "tls_key": v.file,
+    "tls_ca": v.file,
+    "tls_client_auth": v.boolean,
 }
 assert set(_PARSERS) == set(Settings.__struct_fields__), "every setting needs a parser"
 
