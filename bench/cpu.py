@@ -15,6 +15,8 @@ less, so it is the figure to compare versions by (run both back to back, alterna
 primaries spread over the three coordinators; the reference spreads its N the same way);
 every coordinator is then a primary, so processes are named by their suffix and the
 journals they lead (`coord-<suffix>-p<k>`), and `--profile` records the busiest one.
+`--fresh`: the reference's spool files never wrap, so it writes fresh pages as quire's
+spools do in the bench (the honest reference for big appends: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
                     "replica-2": ref._procs[2].pid}
         size, conc, secs = args.size, args.conc, args.seconds
         await append_case(client, target, size, conc, seconds=1.0)  # warm up
-        await ref_case(ref, size, conc, seconds=1.0, journals=max(n, 1))
+        await ref_case(ref, size, conc, seconds=1.0, journals=max(n, 1), fresh=args.fresh)
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             spies = []
@@ -116,7 +118,7 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
             for p in spies:
                 p.wait()
             p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs,
-                                                              journals=max(n, 1)))
+                                                              journals=max(n, 1), fresh=args.fresh))
             q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
             rounds.append({"quire": q, "pipeline": p_})
             print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']} "
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--journals", type=int, default=1)
     ap.add_argument("--profile", metavar="DIR")
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--fresh", action="store_true",
+                    help="the reference writes fresh pages, as quire's spools do here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quire-bench-cpu-") as work:
         with LocalCluster(3, workdir=Path(work) / "cluster") as cluster, PipelineRef() as ref:
