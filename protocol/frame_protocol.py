@@ -33,13 +33,21 @@ ROOMY = 1 << 20
 than a read then cost a slide of their partial tail once per ~ROOMY bytes, not per read."""
 SHRINK_ABOVE = ROOMY
 """An empty buffer larger than this (grown for a frame bigger than ROOMY) goes back to
-READ_ROOM: one large frame must not keep megabytes per idle connection."""
+READ_ROOM — one large frame must not keep megabytes per idle connection — unless it was
+filled past this size within its last KEEP_BIG emptyings: a connection that large frames
+keep coming to (empty between them, or between them and the small frames around them)
+keeps its room instead of growing it again per frame, each regrowth zeroing and copying
+megabytes (docs/benchmarks.md, round 10)."""
+KEEP_BIG = 16
+"""Emptyings without a large fill after which a large buffer shrinks."""
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
     def __init__(self, limit: int = 1 << 21,
                  on_connected: Callable[[FrameProtocol], Any] | None = None) -> None:
         self.buf = bytearray(READ_ROOM)
+        self._keep_big = 0
+        """Emptyings left before a large buffer shrinks (KEEP_BIG after a large fill)."""
         self.start = 0
         self.end = 0
         self.limit = limit
@@ -72,7 +80,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.start == self.end:
             self.start = self.end = 0
             if len(buf) > SHRINK_ABOVE and room < SHRINK_ABOVE:
-                self.buf = buf = bytearray(max(room, READ_ROOM))
+                if self._keep_big:  # filled big lately: large frames keep coming
+                    self._keep_big -= 1
+                else:
+                    self.buf = buf = bytearray(max(room, READ_ROOM))
         if len(buf) - self.end < room and len(buf) < ROOMY:
             buf.extend(bytes(ROOMY - len(buf)))
         if len(buf) - self.end < room:
@@ -87,6 +98,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
+        if self.end > SHRINK_ABOVE:
+            self._keep_big = KEEP_BIG
         self._wake()
         if not self._reading_paused and self.end - self.start > 2 * self.limit:
             self._pause_reading()

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import messages as m
-from protocol.frame_protocol import READ_ROOM, SHRINK_ABOVE, FrameProtocol
+from protocol.frame_protocol import KEEP_BIG, READ_ROOM, SHRINK_ABOVE, FrameProtocol
 from protocol.stream import FrameStream, serve_frames
 from protocol.tls import client_context, server_context
 from protocol.wire import encode_frame_bytes
@@ -94,7 +94,7 @@ def test_reading_pauses_over_twice_the_limit_and_resumes_when_consumed() -> None
     assert not transport.paused
 
 
-def test_an_empty_buffer_that_grew_for_a_large_frame_shrinks() -> None:
+def test_an_empty_buffer_that_grew_for_a_large_frame_shrinks_once_they_stop() -> None:
     protocol = FrameProtocol()
     protocol.connection_made(_Transport())  # type: ignore[arg-type]
     big = encode_frame_bytes(m.AppendChunk(), os.urandom(1 << 20)) * 3
@@ -102,8 +102,32 @@ def test_an_empty_buffer_that_grew_for_a_large_frame_shrinks() -> None:
     assert len(protocol.buf) > SHRINK_ABOVE
     stream = FrameStream(protocol)
     assert [len(stream.read_buffered().payload) for _ in range(3)] == [1 << 20] * 3  # type: ignore[union-attr]
-    protocol.get_buffer(-1)
+    small = encode_frame_bytes(m.AppendCommit())
+    for _ in range(KEEP_BIG):  # kept while large frames may still be coming...
+        _deliver(protocol, small, [])
+        assert stream.read_buffered() is not None and len(protocol.buf) > SHRINK_ABOVE
+    protocol.get_buffer(-1)  # ...and given back after KEEP_BIG emptyings without one
     assert len(protocol.buf) == READ_ROOM
+
+
+def test_a_buffer_large_frames_keep_coming_to_is_not_grown_again_per_frame() -> None:
+    """One large append after another, each with small frames around it, the buffer
+    emptying between them (a client's connection, a replica's): the room grown for the
+    first is reused, never shrunk and regrown (which zeroed and copied megabytes)."""
+    protocol = FrameProtocol()
+    protocol.connection_made(_Transport())  # type: ignore[arg-type]
+    stream = FrameStream(protocol)
+    small = encode_frame_bytes(m.AppendCommit())
+    append = encode_frame_bytes(m.AppendChunk(), os.urandom(1 << 20)) + small
+    buffers = []
+    for _ in range(6):
+        _deliver(protocol, small, [])
+        assert stream.read_buffered() is not None
+        _deliver(protocol, append, [1 << 18] * 3)
+        assert len(stream.read_buffered().payload) == 1 << 20  # type: ignore[union-attr]
+        assert stream.read_buffered() is not None and protocol.buffered == 0
+        buffers.append(id(protocol.buf))
+    assert len(set(buffers)) == 1 and len(protocol.buf) > SHRINK_ABOVE
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
