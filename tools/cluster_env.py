@@ -112,7 +112,6 @@ class ClusterEnv:
         cluster's own services (workers, dashboard: list, read, append on every journal)
         and an operator token (every capability) printed for the CLI; docs/security.md."""
         import base64
-        import os
 
         from protocol.auth import Capability, Scope
         from protocol.credentials import load_keyring
