@@ -82,12 +82,35 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
                     f"{req.journal}: its lease is unconfirmed or its view of etcd is catching "
                     f"up; ask another member"))
         return True
+    if held is None and req.offset == -1 and not _synced_on_route(broker, replica, res):
+        # Current, but our spool was not synchronized on this route yet (a member the
+        # route took back after an absence still holds its old head until the primary's
+        # sync reaches it): its head is not the journal's to tell.
+        await conn.send(ReadResponse(
+            status=Status.UNAVAILABLE, header=res.header,
+            message=f"member {res.header.process_id} has not been synchronized on the "
+                    f"current route of {req.journal} yet; ask another member"))
+        return True
     gone = _Gone(conn)
     try:
         keep = await _stream(broker, conn, req, res, replica, gone)
     finally:
         intact = await gone.stop()
     return keep and intact
+
+
+def _synced_on_route(broker, replica, res) -> bool:  # noqa: ANN001
+    """Our spool was synchronized on the journal's current route: as its primary, by
+    our own synced pipeline on it; as a replica, by that route's replicate stream. (Only
+    with a topology: replicate streams are tracked by their route only then.)"""
+    if getattr(getattr(broker, "topology", None), "resolver", None) is None:
+        return True
+    if res.is_primary:
+        pln = replica.pipeline
+        return pln is not None and pln.synced and pln.broken is None \
+            and pln.route.equivalent(res.route)
+    stream = replica.stream
+    return stream is not None and stream[0].route.equivalent(res.route)
 
 
 class _Gone:
