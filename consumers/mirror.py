@@ -90,7 +90,10 @@ class Mirror:
                 async with contextlib.aclosing(watch_events(self.client, prefix.encode(), revision + 1,
                                                             prefix=True)) as batches:
                     async for resp in batches:
+                        through = revision  # complete through it: skip re-delivered events
                         for ev in resp.events:
+                            if ev.kv.mod_revision <= through:
+                                continue
                             key = ev.kv.key.decode()
                             if ev.type == rpc.Event.PUT:
                                 self.kvs[key] = KV(ev.kv.value, ev.kv.mod_revision,

@@ -233,17 +233,30 @@ class KeySpace:
         async with contextlib.aclosing(watch_events(self._client, self._prefix, self.revision + 1,
                                                     prefix=True)) as batches:
             async for resp in batches:
-                changed = False
-                for ev in resp.events:
-                    if ev.type == rpc.Event.PUT:
-                        self._mods[ev.kv.key] = ev.kv.mod_revision
-                    else:
-                        self._mods.pop(ev.kv.key, None)
-                    changed |= self._apply(ev)
-                self._set_header(resp.header)
-                self.revision = max(self.revision, resp.header.revision)
-                self._notify(changed)
+                self._apply_batch(resp)
         raise WatchEnded("watch stream closed")
+
+    def _apply_batch(self, resp: Any) -> None:
+        """Apply one watch response, idempotently by revision.
+
+        The mirror is complete through `revision`, so an event at or below it is
+        already reflected and is skipped: a watch resumed from an older revision (or a
+        response delivered twice) never moves a key back to an older value, nor runs
+        the callbacks for a change they have already seen."""
+        through = self.revision
+        changed = False
+        for ev in resp.events:
+            if ev.kv.mod_revision <= through:
+                continue
+            if ev.type == rpc.Event.PUT:
+                self._mods[ev.kv.key] = ev.kv.mod_revision
+            else:
+                self._mods.pop(ev.kv.key, None)
+            changed |= self._apply(ev)
+        if resp.header.revision > through:
+            self._set_header(resp.header)
+            self.revision = resp.header.revision
+        self._notify(changed)
 
     def _set_header(self, header: Any) -> None:
         self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,

@@ -12,6 +12,7 @@ import pytest
 
 from topology.etcd import connect
 from topology.watch import watch_events
+from tests.etcd_writes import create_once
 from tools.hosts import HostHarness
 from tools.services.etcd import EtcdCluster
 
@@ -71,10 +72,10 @@ async def test_a_watch_survives_its_member_being_cut(
     h, etcd = hosts
     client = await connect(etcd.url, probe=5.0)
     writer = await connect(etcd.url, probe=5.0)
-    seen: list[bytes] = []
+    seen: list[tuple[bytes, int]] = []  # (key, mod revision) of every event delivered
     ended: list[float] = []
     try:
-        start_rev = (await _put(client, b"/w/0", b"0")).header.revision
+        start_rev = await create_once(writer, b"/w/0", b"0")
 
         async def watch() -> None:
             # As the KeySpace does: when the stream ends (the cut member cancels it, as
@@ -83,7 +84,7 @@ async def test_a_watch_survives_its_member_being_cut(
             while True:
                 try:
                     async for resp in watch_events(client, b"/w/", rev, prefix=True):
-                        seen.extend(event.kv.key for event in resp.events)
+                        seen.extend((event.kv.key, event.kv.mod_revision) for event in resp.events)
                         rev = resp.header.revision + 1
                 except Exception:  # noqa: BLE001 - WatchEnded or the member's gRPC error
                     ended.append(time.monotonic())
@@ -93,18 +94,23 @@ async def test_a_watch_survives_its_member_being_cut(
         member = next(m for m in etcd.members if m.port == client.current.port)
         cut = h.host_of(member.host)
         assert cut is not None
-        await _put(writer, b"/w/1", b"1")
+        # Each key is written once, guarded by its create revision: a write retried after
+        # a timeout may have been committed the first time (tests/etcd_writes.py). A blind
+        # retry here once wrote /w/2 twice, and the watch rightly delivered both.
+        written = [await create_once(writer, b"/w/1", b"1")]
         h.partition([cut], [x for x in h.hosts if x is not cut])
         try:
             for i in range(2, 6):
-                await _put(writer, f"/w/{i}".encode(), b"x")
+                written.append(await create_once(writer, f"/w/{i}".encode(), b"x"))
             deadline = time.monotonic() + 20
             while len(seen) < 5 and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
         finally:
             h.heal_partitions()
         task.cancel()
-        assert seen == [f"/w/{i}".encode() for i in range(1, 6)], f"watch ended {len(ended)}x"
+        # The watch's own guarantee: every event once, in revision order, none missed.
+        assert seen == [(f"/w/{i}".encode(), rev) for i, rev in zip(range(1, 6), written)], \
+            f"watch ended {len(ended)}x"
         assert client.current.host != member.host
     finally:
         await client.close()
