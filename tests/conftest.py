@@ -98,12 +98,40 @@ def spark():  # type: ignore[no-untyped-def]
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Session fixtures are torn down by now, so anything tools.services still
-    # tracks is a leak: fail the run rather than leave processes behind.
-    leftovers = kill_all()
+    # tracks is a leak: fail the run rather than leave processes behind. Under
+    # pytest-xdist a worker hands its list to the controller, which reports it.
+    leftovers = [f"{s.name} (pid {s.pid})" for s in kill_all()]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["quire_leftovers"] = leftovers
+        return
+    leftovers += _worker_leftovers
     if leftovers:
-        names = ", ".join(f"{s.name} (pid {s.pid})" for s in leftovers)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write("\n")
-            reporter.write_line(f"ERROR: processes left running, now killed: {names}", red=True)
+            reporter.write_line(f"ERROR: processes left running, now killed: {', '.join(leftovers)}",
+                                red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_worker_leftovers: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:  # pytest-xdist's hook
+    _worker_leftovers.extend(getattr(node, "workeroutput", {}).get("quire_leftovers", []))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (`--dist loadgroup`, as `make test` runs it) a file's tests run on
+    # one worker, so a module-scoped cluster starts once, and every test that needs the
+    # JVM runs on one worker, so one SparkSession serves them all.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if item.get_closest_marker("spark") is not None or "spark" in getattr(item, "fixturenames", ()):
+            group = "spark"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
