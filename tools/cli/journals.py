@@ -12,6 +12,7 @@ from quire.client import Client
 from protocol import ApplyChange, ListEntry
 
 from . import specs as specfile
+from .store_check import check_spec_stores
 from .common import (
     EXIT_NOT_FOUND,
     CliError,
@@ -138,6 +139,7 @@ def apply(ctx: typer.Context,
     changes = specfile.parse(text, source)
     if not changes:
         raise CliError(f"{source} holds no journals", 7)
+    check_spec_stores(changes)  # refused (auth on) / warned: a store no live worker writes to
 
     async def go(client: Client) -> tuple[int, list[ApplyChange]]:
         resolved = []
