@@ -41,8 +41,8 @@ REDIS_ROLES: dict[str, str] = {
               "+info +keys +ping",
     "beat": "~index* ~pulse* ~prune* ~jobs* ~celery* ~_kombu.binding* &* "
             "+@all -@admin -@dangerous +client|setname +client|id +ping",
-    "coordinator": "~persist* ~_kombu.binding* ~quire:index* &* +@all -@admin -@dangerous "
-                   "+client|setname +client|id +ping",
+    "coordinator": "~persist* ~_kombu.binding* ~quire:index* ~quire:persist-backlog* &* "
+                   "+@all -@admin -@dangerous +client|setname +client|id +ping",
 }
 
 
