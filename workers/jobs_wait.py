@@ -92,5 +92,6 @@ def assess(w: JournalWait, *, now: float, roll_after: float, retry_after: float,
     if not roll.done:
         return (f"{what}: asked its primary to close the open fragment at {hms(roll.at)}, "
                 f"no answer yet (is a worker on queue `jobs` running?)", again)
-    return (f"{what}: closed at {hms(roll.done)} but not in the store: persist tasks are "
-            f"pending or refused (see `quire doctor`, `quire journals list --stats`)", again)
+    return (f"{what}: its primary was asked to close the open fragment and answered at "
+            f"{hms(roll.done)}, yet the bytes are not in the store: persist tasks are pending "
+            f"or refused (see `quire doctor`, `quire journals list --stats`)", again)
