@@ -113,6 +113,13 @@ def test_doctor_names_a_store_no_worker_accepts(up: QuireUpService, elsewhere: s
     assert elsewhere in found[0]["message"] and "StoreNotAllowed" in found[0]["message"]
     assert "QUIRE_WORKER_STORES" in found[0]["mend"]
 
+    def refused() -> dict[str, str] | None:  # the worker's refusals, read from Redis
+        hits = named(doctor(up.data_dir)[1], "persist-refused")
+        return hits[0] if hits else None
+
+    hit = wait_for(refused, timeout=90, interval=1.0, what="doctor to report refused persists")
+    assert hit["subject"] == f"journal {ELSEWHERE}" and "store not allowed" in hit["message"]
+
 
 def test_doctor_names_a_job_window_that_waits(up: QuireUpService, elsewhere: str) -> None:
     spec = up.data_dir.parent / "job.yaml"
