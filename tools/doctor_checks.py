@@ -25,9 +25,16 @@ from typing import Any
 __all__ = [
     "CoordinatorFacts", "Finding", "JobFacts", "JournalFacts", "Level", "LocalFacts", "Proc",
     "backlog_findings", "cert_findings", "clock_findings", "coordinator_findings",
-    "exit_ok", "job_findings", "leftover_findings", "route_findings", "service_finding",
-    "store_findings", "worker_findings",
+    "exit_ok", "job_findings", "leftover_findings", "queue_findings", "route_findings",
+    "service_finding", "store_findings", "worker_findings",
 ]
+
+QUEUES = {
+    "persist": "closed fragments are never stored",
+    "index": "fragment indexes and watermarks are never refreshed",
+    "pulse": "no pulse marks: job windows never complete, idle fragments never flush",
+}
+"""Queues every cluster needs a consumer of, and what stops without one."""
 
 
 class Level(str, enum.Enum):
@@ -125,6 +132,37 @@ def worker_findings(workers: Sequence[Any]) -> list[Finding]:
         stores = "any store" if not w.restricted else (", ".join(w.stores) or "no store")
         out.append(Finding("worker", Level.OK, f"worker {w.worker}",
                            f"alive (pid {w.pid}); writes to {stores}"))
+    return out
+
+
+def queue_findings(queues: Mapping[str, Sequence[str]] | str, announced: Sequence[Any], *,
+                   jobs: bool) -> list[Finding]:
+    """`queues`: Celery node -> the queues it consumes (its answer to `active_queues`),
+    or why asking failed. `announced`: the WorkerStores in etcd. `jobs`: a job exists."""
+    if isinstance(queues, str):
+        return [Finding("skipped", Level.WARN, "worker queues",
+                        f"not checked: the workers did not answer over Redis: {queues}", "")]
+    out = []
+    needed = dict(QUEUES)
+    if jobs:
+        needed["jobs"] = "job runs are never created or executed"
+    consumed = {q for qs in queues.values() for q in qs}
+    for queue, stops in needed.items():
+        if queue not in consumed:
+            out.append(Finding("queue-without-worker", Level.FAIL, f"queue {queue}",
+                               f"no live worker consumes it: {stops}",
+                               f"celery -A workers.app worker -Q {queue} (or add {queue} to a "
+                               f"worker's -Q)"))
+    names = set(queues)
+    for w in announced:
+        if w.worker not in names:
+            out.append(Finding("worker-not-answering", Level.FAIL, f"worker {w.worker}",
+                               "announced in etcd (its process lives) but does not answer "
+                               "Celery's control channel: its pool may be wedged",
+                               f"see its log; restart it (pid {w.pid})"))
+    if not out:
+        out.append(Finding("worker-queues", Level.OK, "worker queues",
+                           f"{', '.join(sorted(needed))} each consumed by a live worker"))
     return out
 
 

@@ -31,6 +31,7 @@ from tools.doctor_checks import (
     coordinator_findings,
     job_findings,
     leftover_findings,
+    queue_findings,
     route_findings,
     service_finding,
     store_findings,
@@ -253,6 +254,22 @@ async def _jobs(client: Any, root: str) -> list[JobFacts]:
     return out
 
 
+def _queues(s: Settings, limits: Limits) -> dict[str, list[str]] | str:
+    """Celery node -> the queues it consumes, asked over the broker; or why not."""
+    from tools.services import celery_client
+
+    app = celery_client(s.redis_url)
+    app.conf.update(broker_connection_retry=False, broker_connection_max_retries=1,
+                    broker_connection_timeout=limits.timeout)
+    try:
+        replies = app.control.inspect(timeout=min(2.0, limits.timeout)).active_queues() or {}
+    except Exception as exc:  # noqa: BLE001 - a finding, not a crash
+        return _why(exc)
+    finally:
+        app.close()
+    return {node: sorted(q.get("name", "") for q in qs) for node, qs in replies.items()}
+
+
 async def _cluster(s: Settings, root: str, limits: Limits, r: Any, redis_offset: float,
                    now: Callable[[], float]) -> tuple[list[Finding], dict[str, float]]:
     from fragment_store.persist_status import read_backlog, read_failures
@@ -275,6 +292,9 @@ async def _cluster(s: Settings, root: str, limits: Limits, r: Any, redis_offset:
         await client.close()
     out += coordinator_findings(coords)
     out += worker_findings(workers)
+    if r is not None and workers:
+        queues = await asyncio.to_thread(_queues, s, limits)
+        out += queue_findings(queues, workers, jobs=bool(jobs))
     out += route_findings(journals, len(coords))
     out += store_findings(journals, workers, stores_accepted_by_none)
     backlog = failures = None

@@ -96,3 +96,19 @@ def test_services_routes_certificates_clocks() -> None:
         ("certificate-expiry", Level.FAIL), ("certificate-expiry", Level.WARN),
         ("certificate", Level.OK), ("certificate-unreadable", Level.FAIL)]
     assert names(clock_findings({"redis": 0.2, "coordinator z#a": 9.0}, max_skew=5)) == ["clock-skew"]
+
+
+def test_queues_without_a_consumer_and_workers_that_do_not_answer() -> None:
+    from tools.doctor_checks import queue_findings
+
+    w = WorkerStores(worker="w@h", stores=(OURS,), pid=7)
+    ok = queue_findings({"w@h": ["celery", "index", "jobs", "persist", "pulse"]}, [w], jobs=True)
+    assert exit_ok(ok) and ok[0].name == "worker-queues"
+    found = queue_findings({"w@h": ["index", "persist"]}, [w], jobs=True)
+    assert [f.subject for f in found] == ["queue pulse", "queue jobs"]
+    assert "-Q pulse" in found[0].mend
+    assert exit_ok(queue_findings({"w@h": ["index", "persist", "pulse"]}, [w], jobs=False))
+    found = queue_findings({}, [w], jobs=False)
+    assert names(found)[-1] == "worker-not-answering" and "pid 7" in found[-1].mend
+    skipped = queue_findings("NoPermissionError", [w], jobs=False)
+    assert exit_ok(skipped) and skipped[0].level is Level.WARN

@@ -106,6 +106,13 @@ def test_quiet_journals_complete_every_window_once(etcd, etcd_root, redis_db, tm
         for j in QUIET:
             held = cluster.client.read_all(j, 0)
             assert sum(1 for line in held.splitlines() if line.strip()) == sent[j]
+
+        # Mended by itself: `quire doctor` finds nothing wrong, every queue consumed.
+        proc = cluster.cli("doctor", "--format", "json", "--data-dir", str(tmp_path / "none"),
+                           "--redis", redis_db.url, check=False)
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0 and report["ok"], report
+        assert any(f["name"] == "worker-queues" for f in report["findings"]), report
     except BaseException:
         print(cluster.dump(60))
         raise
