@@ -120,6 +120,22 @@ APPENDS_ABORTED = Counter("quire_appends_aborted_total",
 APPENDS_DEDUPLICATED = Counter("quire_appends_deduplicated_total",
                                "Identified appends answered with their original commit "
                                "(a re-sent transaction that had already committed).")
+TLS_CERT_EXPIRY = Gauge("quire_tls_cert_expiry_timestamp_seconds",
+                        "notAfter (unix s) of each TLS certificate this process serves or "
+                        "presents, by use (server, ca) and file.", ["use", "path"])
+
+
+def watch_cert(use: str, path: str | None) -> None:
+    """Export the notAfter of the certificate at `path` (nothing without one)."""
+    if not path:
+        return
+    from protocol.logs import get_logger
+    from protocol.tls import cert_not_after
+
+    try:
+        TLS_CERT_EXPIRY.labels(use, path).set(cert_not_after(path))
+    except ValueError as exc:
+        get_logger(__name__).warning("certificate expiry not exported", error=str(exc))
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:

@@ -14,7 +14,7 @@ import ssl
 
 from .errors import ValidationError
 
-__all__ = ["client_context", "server_context"]
+__all__ = ["cert_not_after", "client_context", "server_context"]
 
 
 def server_context(cert: str, key: str, ca: str | None = None,
@@ -55,3 +55,22 @@ def settings_client_ssl(settings: object) -> ssl.SSLContext | None:
     if not ca:
         return None
     return client_context(ca, getattr(settings, "tls_cert", None), getattr(settings, "tls_key", None))
+
+
+def cert_not_after(path: str) -> float:
+    """Unix time after which the first certificate in the PEM file `path` is no longer
+    valid (its notAfter). Raises ValueError naming the file if it cannot be read."""
+    try:
+        from cryptography import x509
+
+        with open(path, "rb") as fh:
+            cert = x509.load_pem_x509_certificate(fh.read())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the certificate {path}: {exc}") from None
+    after = getattr(cert, "not_valid_after_utc", None)  # cryptography >= 42
+    if after is None:
+        import datetime
+
+        after = cert.not_valid_after.replace(tzinfo=datetime.timezone.utc)
+    return after.timestamp()
+

@@ -71,6 +71,9 @@ class JobStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The lowest persisted watermark of the job's journals."""
     journals: int = 0
     note: str = ""
+    reason: str = ""
+    """Why the next window waits, per journal short of its end (+ delay), in words an
+    operator acts on (workers/jobs_wait.py); empty while it is not due yet."""
 
 
 def _root(root: str) -> str:

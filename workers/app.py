@@ -12,10 +12,11 @@ sweeps whatever the number of journals; each sweep fans out per-journal tasks.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging, worker_ready
+from celery.signals import setup_logging, worker_ready, worker_shutdown
 
 from protocol.config import Settings, load_settings
 from protocol.credentials import settings_keyring
@@ -127,8 +128,6 @@ def _setup_logging(loglevel: Any = None, **_: Any) -> None:
 @worker_ready.connect
 def _serve_metrics(**_: Any) -> None:
     if worker_settings.metrics_port:
-        import os
-
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = None
@@ -141,3 +140,25 @@ def _serve_metrics(**_: Any) -> None:
         start_http_server(worker_settings.metrics_port, addr=worker_settings.metrics_addr,
                           **({"registry": registry} if registry is not None else {}))
         log.info("metrics server started", port=worker_settings.metrics_port)
+
+
+_announcer: list[Any] = []
+
+
+@worker_ready.connect
+def _announce_stores(sender: Any = None, **_: Any) -> None:
+    """Publish the stores this worker writes to (workers/announce.py)."""
+    from workers.announce import Announcer, announcement
+
+    node = str(getattr(sender, "hostname", "") or f"worker-{os.getpid()}")
+    value = announcement(node, settings.store_url, worker_settings.stores, signing.enabled())
+    a = Announcer(settings.etcd_url, settings.etcd_root, value,
+                  io_timeout=min(worker_settings.io_timeout, 10.0))
+    a.start()
+    _announcer.append(a)
+
+
+@worker_shutdown.connect
+def _withdraw_stores(**_: Any) -> None:
+    while _announcer:
+        _announcer.pop().stop()

@@ -137,7 +137,8 @@ def _waiting(status: JobStatus | None, now: float) -> str:
         return status.note
     behind = f", {now - status.watermark:.0f}s behind" if status.watermark else ", no watermark yet"
     return (f"window {iso(status.next_window)} waits on {status.waiting_on}"
-            f" (watermark {iso(status.watermark) if status.watermark else '-'}{behind})")
+            f" (watermark {iso(status.watermark) if status.watermark else '-'}{behind})"
+            + (f" — {status.reason}" if status.reason else ""))
 
 
 @app.command("list")

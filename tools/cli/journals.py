@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from quire.client import Client
 from protocol import ApplyChange, ListEntry
 
 from . import specs as specfile
+from .store_check import check_spec_stores
 from .common import (
     EXIT_NOT_FOUND,
     CliError,
@@ -63,9 +65,8 @@ def list_journals(ctx: typer.Context, selector: str = SelectorOption,
 
 
 def _print_stats(entries: list[ListEntry], output: Output) -> None:
-    """One listing per store of each journal (the stores are authoritative)."""
-    import time
-
+    """One listing per store of each journal (the stores are authoritative), with the
+    persistence backlog and the last persist failure (docs/operations.md)."""
     from fragment_store import open_store
     from fragment_store.errors import StoreUnavailable
     from fragment_store.stats import EMPTY, add, store_stats
@@ -81,8 +82,16 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
                 raise store_unreachable(exc, store, f"fragment.stores of {e.spec.name}'s spec") from None
         rows.append({"journal": e.spec.name, **total._asdict()})
     marks = _watermarks([r["journal"] for r in rows])
+    backlog, failures = persist_status()
+    now = time.time()
     for r in rows:
         r["watermark"] = marks.get(r["journal"], 0.0)
+        b = backlog.get(r["journal"]) if backlog is not None else None
+        r["backlog_bytes"] = b.bytes if b is not None else (0 if backlog is not None else None)
+        r["backlog_age"] = round(b.age(now), 1) if b is not None else (0.0 if backlog is not None else None)
+        f = (failures or {}).get(r["journal"])
+        r["persist_error"] = (f"{f.reason}: {f.message} ({f.count}x, last "
+                              f"{max(0, int(now - f.last))}s ago)") if f is not None else ""
     if output is Output.json:
         emit_json_lines(rows)
     elif output is Output.yaml:
@@ -91,12 +100,43 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
         def when(t: int) -> str:
             return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
 
+        def backlog_cell(r: dict) -> tuple[str, str]:
+            if r["backlog_bytes"] is None:
+                return "?", "?"
+            if not r["backlog_bytes"]:
+                return "0", "-"
+            return human_bytes(r["backlog_bytes"]), f"{r['backlog_age']:.0f}s"
+
         emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets",
-                          "persisted watermark (UTC)"],
+                          "persisted watermark (UTC)", "backlog", "backlog age", "persist error"],
                    [(r["journal"], r["fragments"], human_bytes(r["stored_bytes"]),
                      when(r["oldest"]), when(r["newest"]),
                      f"{r['begin']}..{r['end']}" if r["fragments"] else "-",
-                     when(int(r["watermark"]))) for r in rows])
+                     when(int(r["watermark"])), *backlog_cell(r), r["persist_error"] or "-")
+                    for r in rows])
+
+
+def persist_status() -> tuple[dict | None, dict | None]:
+    """(journal -> PersistBacklog, journal -> PersistFailure) from the workers' Redis at
+    $QUIRE_REDIS_URL (fragment_store/persist_status.py); (None, None) when it is unset or
+    unreachable (the columns then show '?')."""
+    import os
+
+    url = os.environ.get("QUIRE_REDIS_URL", "")
+    if not url:
+        return None, None
+    import redis
+
+    from fragment_store.persist_status import read_backlog, read_failures
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+        try:
+            return read_backlog(client), read_failures(client)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None, None
 
 
 def _watermarks(journals: list[str]) -> dict[str, float]:
@@ -138,6 +178,7 @@ def apply(ctx: typer.Context,
     changes = specfile.parse(text, source)
     if not changes:
         raise CliError(f"{source} holds no journals", 7)
+    check_spec_stores(changes)  # refused (auth on) / warned: a store no live worker writes to
 
     async def go(client: Client) -> tuple[int, list[ApplyChange]]:
         resolved = []
