@@ -133,9 +133,11 @@ def watch_cert(use: str, path: str | None) -> None:
     from protocol.tls import cert_not_after
 
     try:
-        TLS_CERT_EXPIRY.labels(use, path).set(cert_not_after(path))
-    except ValueError as exc:
+        not_after = cert_not_after(path)
+    except ValueError as exc:  # no series: a 0 would read as long expired
         get_logger(__name__).warning("certificate expiry not exported", error=str(exc))
+        return
+    TLS_CERT_EXPIRY.labels(use, path).set(not_after)
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:

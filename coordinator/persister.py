@@ -21,7 +21,10 @@ Replicas that are not the journal's primary delay their first send by
 the index update removes the fragment before a replica ever sends it.
 
 Lag per journal (bytes and seconds closed-but-not-persisted) is exposed by `lag()`
-and as `quire_persist_lag_bytes` / `quire_persist_lag_seconds`.
+and as `quire_persist_lag_bytes` / `quire_persist_lag_seconds`. The backlog of the
+journals we lead (the open fragment too, aged from each fragment's first append:
+`opened_at`) is computed and published by coordinator/backlog.py from `unpersisted()`,
+on a task `run()` starts when given a `backlog` source.
 """
 
 from __future__ import annotations
@@ -137,8 +140,9 @@ class CeleryPersister:
         self._is_primary = is_primary
         self._opened_at = opened_at
         self._backlog = backlog
-        self._routes = routes
         """Returns the journals' backlog (coordinator/backlog.py); published while running."""
+        self._routes = routes
+        """Returns the route gaps of the journals we lead (coordinator/backlog.route_gaps)."""
         self.resend_after = resend_after
         self.replica_delay = replica_delay
         self.enqueue_timeout = enqueue_timeout
@@ -283,7 +287,8 @@ class CeleryPersister:
             from .backlog import BacklogReporter
 
             reporter = asyncio.create_task(
-                BacklogReporter(self.redis_url, self._backlog, routes=self._routes).run(), name="persist-backlog")
+                BacklogReporter(self.redis_url, self._backlog, routes=self._routes).run(),
+                name="persist-backlog")
         try:
             while True:
                 wait = await self._send_due()

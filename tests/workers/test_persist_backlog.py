@@ -43,6 +43,14 @@ async def test_backlog_grows_without_workers_and_drains_when_one_starts(
         await qc.apply([JournalSpec(name=j, replication=1, fragment=FragmentSpec(
             length=1024, compression_codec="none", stores=(store,), refresh_interval=1.0))])
         await until(lambda: appendable(qc, j), 30, "the journal to accept appends")
+        # One coordinator cannot give a replication-2 journal its full route: its primary
+        # says how many replicas are missing (the QuireRouteIncomplete alert's input).
+        short = "acme/backlog/short"
+        await qc.apply([JournalSpec(name=short, replication=2, fragment=FragmentSpec(
+            stores=(store,)))])
+        missing = await until(lambda: scrape(metrics_port, "quire_route_missing_replicas"), 30,
+                              "the route gap to be reported")
+        assert missing == {f'{{journal="{short}"}}': 1.0}
         await qc.append(j, b"a" * 3000)  # the open fragment holds it (over length)
         first = await until(lambda: read_backlog(redis_db.client).get(j), 20, "a backlog entry")
         assert first.bytes == 3000 and first.fragments == 0 and first.oldest > 0
