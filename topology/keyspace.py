@@ -51,6 +51,8 @@ __all__ = ["Assignment", "BrokerSpec", "JournalEntry", "KeySpace", "LeaderEntry"
 log = structlog.get_logger()
 
 MAX_BACKOFF = 2.0
+CATCH_UP_AFTER = 0.05
+"""Seconds a revision wait gives the watch before reading the prefix back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class KeySpace:
         self._applied = asyncio.Event()
         """Replaced (after being set) on every applied batch: a broadcast without a lock."""
         self._task: asyncio.Task[None] | None = None
+        self._catching_up: asyncio.Future[None] | None = None
         self._mods: dict[bytes, int] = {}
         """Every key under the prefix (decodable or not) -> its ModRevision."""
 
@@ -133,6 +136,8 @@ class KeySpace:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -150,8 +155,14 @@ class KeySpace:
         try:
             async with asyncio.timeout(timeout):
                 while self.revision < revision:
+                    # A write under our prefix arrives on the watch within milliseconds:
+                    # give it that long before reading the prefix back (a read of every
+                    # key, thousands with thousands of journals, for each waiter).
+                    await self._watch_reaches(revision, CATCH_UP_AFTER)
+                    if self.revision >= revision:
+                        break
                     try:
-                        await self._catch_up()
+                        await self._shared_catch_up()
                     except aetcd.exceptions.ClientError:
                         pass  # etcd unreachable: the watch's events may still arrive
                     if self.revision >= revision:
@@ -164,6 +175,25 @@ class KeySpace:
         except TimeoutError:
             return False
         return True
+
+    async def _watch_reaches(self, revision: int, within: float) -> None:
+        """Return once the mirror is complete through `revision`, or after `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self.revision < revision:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._applied.wait()
+
+    async def _shared_catch_up(self) -> None:
+        """One `_catch_up` read at a time, shared by every waiter that needs one."""
+        task = self._catching_up
+        if task is None or task.done():
+            task = self._catching_up = asyncio.ensure_future(self._catch_up())
+        await asyncio.shield(task)
 
     async def _catch_up(self) -> None:
         """Advance `revision` to etcd's current one if nothing under our prefix changed.

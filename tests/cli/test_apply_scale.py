@@ -33,6 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 
 REPLICATION = 2
 COORDINATORS = 3
+TTL = 10
 
 
 def spec_file(path: Path, prefix: str, n: int) -> Path:
@@ -90,7 +91,9 @@ async def wait_full(etcd_url: str, root: str, prefix: str, n: int, timeout: floa
 
 
 def scale_run(etcd, etcd_root: str, tmp_path: Path, n: int, timeout: float) -> None:  # noqa: ANN001
-    extra = ["--journal-limit", str(n * REPLICATION)]  # as an operator would, for n journals
+    # As an operator would for n journals: room for all of them on the members left after
+    # one is lost, and a lease TTL (10 s; 20 s by default) a busy host refreshes in time.
+    extra = ["--journal-limit", str(n * REPLICATION), "--lease-ttl", str(TTL)]
     with running(etcd.url, etcd_root, COORDINATORS, extra, prefix="scale") as cluster:
         asyncio.run(_scale(cluster, etcd.url, etcd_root, tmp_path, n, timeout))
 
