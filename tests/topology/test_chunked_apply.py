@@ -158,3 +158,21 @@ async def test_an_etcd_limit_is_a_typed_error_and_chunking_fits_it(small_etcd: E
         assert len(fitted.applied) == 16
     finally:
         await client.close()
+
+
+async def test_a_guarded_journal_apply_of_128_fits_one_transaction(client: aetcd.Client,
+                                                                   etcd_root: str) -> None:
+    """With auth on, a coordinator pins each journal to the revision its guard read: one
+    compare per journal, so a chunk of 128 stays within etcd's 128 (it was 256)."""
+    from coordinator.specs import apply_specs
+    from protocol import ApplyChange, JournalSpec
+
+    seen: list[int] = []
+    changes = [ApplyChange(upsert=JournalSpec(name=f"guarded/j{i:03d}"), expect_mod_revision=0)
+               for i in range(128)]
+    rev = await apply_specs(client, etcd_root, changes, guard=lambda items: seen.append(len(items)))
+    assert rev > 0 and seen == [128]
+    stale = [ApplyChange(upsert=JournalSpec(name="guarded/j000", replication=2),
+                         expect_mod_revision=rev - 1)]
+    with pytest.raises(EtcdTransactionFailed, match="guarded/j000"):
+        await apply_specs(client, etcd_root, stale, guard=lambda items: None)
