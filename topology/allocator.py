@@ -31,6 +31,7 @@ import structlog
 
 from protocol import ProcessId
 from protocol.apply_chunks import MAX_TXN_OPS  # etcd's default, for compares and operations
+from protocol.errors import EtcdLimitExceeded
 
 from . import allocator_plan as ap
 from .assignments import is_consistent
@@ -178,6 +179,10 @@ class Allocator:
             except EtcdError as exc:
                 # Typically an assignee's lease expired under us; the mirror will show it.
                 log.info("allocator txn refused", error=str(exc), changes=len(batch))
+                continue
+            except EtcdLimitExceeded as exc:
+                # An etcd whose --max-txn-ops is below 128: say so, plainly, every pass.
+                log.error("allocator txn over etcd's limits", error=str(exc), changes=len(batch))
                 continue
             last_revision = max(last_revision, result.revision)
             if not result.succeeded:

@@ -182,3 +182,25 @@ async def _interrupted(cluster: Cluster, etcd_url: str, root: str) -> None:
     finally:
         await client.close()
         await etcd.close()
+
+
+# -- an etcd with a small --max-txn-ops, through a coordinator ----------------------------
+
+def test_an_etcd_limit_reaches_the_cli_as_itself_and_a_smaller_txn_size_fits(
+        tmp_path: Path) -> None:
+    from tools.services import EtcdService
+
+    with EtcdService("etcd-small-ops", workdir=tmp_path / "etcd",
+                     extra_args=("--max-txn-ops", "16")) as etcd:
+        with running(etcd.url, "/small", 1, prefix="small") as cluster:
+            asyncio.run(cluster.wait_listening(cluster.nodes[0]))
+            specs = spec_file(tmp_path / "small.yaml", "small/", 40)
+            broker = cluster.nodes[0].endpoint
+            refused = quire(broker, "journals", "apply", "-f", str(specs))
+            err = refused.stderr.strip()
+            assert refused.returncode == 7 and len(err.splitlines()) == 1, err
+            assert "ETCD_LIMIT_EXCEEDED" in err and "--max-txn-ops" in err, err
+            assert "--max-txn-size" in err and "UNAVAILABLE" not in err, err
+            fitted = quire(broker, "journals", "apply", "-f", str(specs), "--max-txn-size", "16")
+            assert fitted.returncode == 0, fitted.stderr
+            assert "applied 40, unchanged 0" in fitted.stdout, fitted.stdout[-300:]

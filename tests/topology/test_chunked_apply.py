@@ -6,6 +6,9 @@ limits (its --max-txn-ops / --max-request-bytes) refusing with the typed limit e
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import aetcd
@@ -176,3 +179,26 @@ async def test_a_guarded_journal_apply_of_128_fits_one_transaction(client: aetcd
                          expect_mod_revision=rev - 1)]
     with pytest.raises(EtcdTransactionFailed, match="guarded/j000"):
         await apply_specs(client, etcd_root, stale, guard=lambda items: None)
+
+
+def _cli(etcd: EtcdService, root: str, *args: str, stdin: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QUIRE_ETCD_URL": etcd.url, "QUIRE_ETCD_ROOT": root, "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args, "-f", "-"], input=stdin,
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_shards_and_jobs_apply_commands_chunk_and_say_unchanged(etcd: EtcdService,
+                                                                 etcd_root: str) -> None:
+    shards = "shards:\n" + "".join(f"  - {{id: cli-{i}, sources: [{{journal: aa/p{i}}}]}}\n"
+                                   for i in range(5))
+    first = _cli(etcd, etcd_root, "shards", "apply", "--max-txn-size", "2", stdin=shards)
+    assert first.returncode == 0, first.stderr
+    assert "applied 5 shard change(s) in 3 transaction(s)" in first.stdout, first.stdout
+    again = _cli(etcd, etcd_root, "shards", "apply", stdin=shards)
+    assert "applied 0 shard change(s), 5 unchanged" in again.stdout, again.stdout
+    job = ("name: cli/j\nselector: topic=x\nwindow: 1m\nstart: 0\n"
+           "target: {kind: celery, name: workers.jobs.noop}\n")
+    first = _cli(etcd, etcd_root, "jobs", "apply", stdin=job)
+    assert first.returncode == 0 and "applied 1 job change(s)" in first.stdout, first.stderr
+    again = _cli(etcd, etcd_root, "jobs", "apply", stdin=job)
+    assert "applied 0 job change(s), 1 unchanged" in again.stdout, again.stdout
