@@ -26,10 +26,11 @@ import grpc
 from aetcd import rpc
 
 from protocol import ProcessId
-from protocol.errors import EtcdLimitExceeded, EtcdTransactionFailed, QuireError, Unavailable
+from protocol.errors import EtcdLimitExceeded, EtcdTransactionFailed, QuireError, Unavailable  # noqa: F401
 from protocol.status import Status
 
 from .etcd_client import EtcdClient, EtcdEndpointError, EtcdTLS, parse_endpoints
+from .etcd_limits import limit_error
 
 __all__ = [
     "AssignmentConflict",
@@ -383,30 +384,3 @@ async def txn(client: aetcd.Client, compare: list[Any], success: list[Any],
             client.note(exc, channel)
         raise EtcdError(f"etcd txn failed: {describe_etcd_error(exc)}") from exc
     return TxnResult(bool(resp.succeeded), int(resp.header.revision), tuple(resp.responses))
-
-
-FLAG_HINT = ("apply in smaller transactions: --max-txn-size N on `quire journals|shards|jobs "
-             "apply`, max_txn_size= in the client library")
-
-
-def limit_error(exc: BaseException, request: Any) -> EtcdLimitExceeded | None:
-    """EtcdLimitExceeded when etcd (or its gRPC server) refused `request` for one of its
-    limits, naming the limit, the request's size and the flag that works around it;
-    None for any other failure. Never UNAVAILABLE: the cluster is fine, the request is
-    too big for it."""
-    if not isinstance(exc, rpc.AioRpcError):
-        return None
-    details = (exc.details() or "").lower()
-    code = exc.code()
-    ops = max(len(request.compare), len(request.success), len(request.failure))
-    if code == grpc.StatusCode.INVALID_ARGUMENT and "too many operations" in details:
-        return EtcdLimitExceeded(
-            f"etcd refused a transaction of {ops} operations: too many operations in one "
-            f"transaction (etcd's --max-txn-ops, 128 by default); {FLAG_HINT}")
-    if (code == grpc.StatusCode.INVALID_ARGUMENT and "request is too large" in details) or (
-            code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details):
-        size = request.ByteSize()
-        return EtcdLimitExceeded(
-            f"etcd refused a transaction of {size} bytes ({ops} operations): request too large "
-            f"(etcd's --max-request-bytes, 1.5 MiB by default); {FLAG_HINT}")
-    return None
