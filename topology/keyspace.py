@@ -105,6 +105,12 @@ class KeySpace:
         self.members: dict[ProcessId, MemberEntry] = {}
         self.leader: LeaderEntry | None = None
         self._assign: dict[str, dict[tuple[ProcessId, int], Assignment]] = {}
+        self._sorted: dict[str, list[Assignment]] = {}
+        """journal -> its assignments sorted, kept until one of them changes (every
+        coordinator resolves every journal on each change: thousands of sorts)."""
+        self._of: dict[ProcessId, dict[tuple[str, int], Assignment]] = {}
+        """member -> its assignments (an index of `_assign`, so a member's own are found
+        without scanning every journal's)."""
         self.on_change: list[Callable[[KeySpace], None]] = []
         """Sync callbacks run after every applied batch that changed content."""
         self._applied = asyncio.Event()
@@ -118,11 +124,14 @@ class KeySpace:
 
     def assignments(self, journal: str) -> list[Assignment]:
         """A journal's assignments sorted by slot (then member)."""
-        return sorted(self._assign.get(journal, {}).values(), key=lambda a: (a.slot, a.member))
+        cached = self._sorted.get(journal)
+        if cached is None:
+            cached = self._sorted[journal] = sorted(self._assign.get(journal, {}).values(),
+                                                    key=lambda a: (a.slot, a.member))
+        return list(cached)
 
     def assignments_of(self, member: ProcessId) -> list[Assignment]:
-        return sorted((a for by in self._assign.values() for a in by.values() if a.member == member),
-                      key=lambda a: (a.journal, a.slot))
+        return sorted(self._of.get(member, {}).values(), key=lambda a: (a.journal, a.slot))
 
     def all_assignments(self) -> list[Assignment]:
         return [a for j in sorted(self._assign) for a in self.assignments(j)]
@@ -231,6 +240,11 @@ class KeySpace:
             self._put(kv, journals, members, assign)
         self._mods = {kv.key: kv.mod_revision for kv in resp.kvs}
         self.journals, self.members, self._assign = journals, members, assign
+        self._sorted = {}
+        self._of = {}
+        for by in assign.values():
+            for a in by.values():
+                self._of.setdefault(a.member, {})[a.journal, a.slot] = a
         self._set_header(resp.header)
         self.revision = resp.header.revision
         self._notify(changed=True)
@@ -318,8 +332,12 @@ class KeySpace:
                 journal, pid, slot = parse_assignment_key(self.root, key)
                 route = msgspec.json.decode(kv.value, type=Route) if kv.value.strip() else None
                 value = route if route is not None and route.members else None
-                assign.setdefault(journal, {})[(pid, slot)] = Assignment(
-                    journal, pid, slot, value, kv.mod_revision, kv.create_revision, kv.lease)
+                entry = Assignment(journal, pid, slot, value, kv.mod_revision,
+                                   kv.create_revision, kv.lease)
+                assign.setdefault(journal, {})[(pid, slot)] = entry
+                if assign is self._assign:  # the live mirror (a re-list rebuilds the index)
+                    self._sorted.pop(journal, None)
+                    self._of.setdefault(pid, {})[journal, slot] = entry
             elif key == leader_key(self.root):
                 self.leader = LeaderEntry(ProcessId.parse(kv.value.decode()), kv.mod_revision,
                                           kv.create_revision, kv.lease)
@@ -343,6 +361,12 @@ class KeySpace:
                 gone = by.pop((pid, slot), None) is not None
                 if not by:
                     self._assign.pop(journal, None)
+                self._sorted.pop(journal, None)
+                mine = self._of.get(pid)
+                if mine is not None:
+                    mine.pop((journal, slot), None)
+                    if not mine:
+                        del self._of[pid]
                 return gone
             if key == leader_key(self.root):
                 self.leader = None
