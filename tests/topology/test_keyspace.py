@@ -214,3 +214,32 @@ async def test_keyspace_survives_etcd_restart(etcd_root: str) -> None:
                 await wait_until(ks, lambda: "logs/later" in ks.journals, 5)
         finally:
             await c.close()
+
+
+async def test_assignment_indexes_follow_every_change(client: aetcd.Client, etcd_root: str) -> None:
+    """The cached per-journal order and the per-member index equal a full scan after
+    puts, value changes, deletes and a re-list."""
+    def check(ks: KeySpace) -> None:
+        every = [a for by in ks._assign.values() for a in by.values()]  # noqa: SLF001
+        for journal in {a.journal for a in every} | {"logs/none"}:
+            assert ks.assignments(journal) == sorted(
+                (a for a in every if a.journal == journal), key=lambda a: (a.slot, a.member))
+        for pid in (A, B, C):
+            assert ks.assignments_of(pid) == sorted(
+                (a for a in every if a.member == pid), key=lambda a: (a.journal, a.slot))
+
+    async with KeySpace(client, etcd_root) as ks:
+        for i, pid in enumerate((A, B, C)):
+            await assign(client, etcd_root, "logs/x", pid, i)
+            await assign(client, etcd_root, f"logs/{pid.suffix}", pid, 0)
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 3, 5)
+        check(ks)
+        ks.assignments("logs/x").clear()  # a caller's copy: the cache is not theirs
+        await assign(client, etcd_root, "logs/x", B, 1, value=b'{"members": [{"zone": "a", "suffix": "broker-2"}]}')
+        await client.delete(assignment_key(etcd_root, "logs/x", C, 2).encode())
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 2
+                         and ks.assignments("logs/x")[1].value is not None, 5)
+        check(ks)
+        await ks._load()  # noqa: SLF001 - the re-list path rebuilds the indexes
+        check(ks)
+        assert [a.journal for a in ks.assignments_of(C)] == ["logs/broker-3"]

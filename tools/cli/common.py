@@ -11,11 +11,14 @@ Exit codes (one per class of failure, so scripts can branch on them):
     5   not allowed (NOT_ALLOWED, SUSPENDED, UNAUTHORIZED, FORBIDDEN)
     6   unavailable: the cluster could not serve the request (UNAVAILABLE, no primary,
         insufficient brokers, wrong route, store unhealthy, connection refused)
-    7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config)
+    7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config,
+        ETCD_LIMIT_EXCEEDED: a transaction over etcd's limits; see --max-txn-size)
     8   protocol error (the peer is not a quire broker, or a version mismatch)
     9   outcome unknown (COMMIT_UNKNOWN): an append's commit was sent and then the answer
         was lost; it may or may not be in the journal, so a blind retry may duplicate it
     130 interrupted (Ctrl-C)
+
+An apply stopped part-way (ApplyIncomplete) exits with the code of what stopped it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import yaml
 from quire.client import Client
 from protocol import Status
 from protocol.config import Settings
+from protocol.apply_chunks import ApplyIncomplete
 from protocol.errors import (
     ProtocolError,
     QuireError,
@@ -73,6 +77,7 @@ _STATUS_EXIT = {
     Status.SHARD_FENCED: EXIT_CONFLICT,
     Status.SPOOL_FULL: EXIT_UNAVAILABLE,
     Status.SPOOL_FAILED: EXIT_UNAVAILABLE,
+    Status.ETCD_LIMIT_EXCEEDED: EXIT_INVALID,
 }
 
 
@@ -110,6 +115,8 @@ class ServiceUnreachable(CliError):
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, CliError):
         return exc.code
+    if isinstance(exc, ApplyIncomplete):
+        return exit_code_for(exc.cause)
     if isinstance(exc, StatusError):
         return _STATUS_EXIT.get(exc.status, EXIT_UNAVAILABLE)
     if isinstance(exc, (ValidationError, ValueError)):
@@ -253,3 +260,8 @@ def progress_enabled() -> bool:
 
 
 OutputOption = typer.Option(Output.table, "-o", "--output", help="table, json (JSON lines) or yaml.")
+
+MaxTxnSizeOption = typer.Option(
+    128, "--max-txn-size", min=1,
+    help="Changes per etcd transaction (etcd's --max-txn-ops, 128 by default); a larger "
+         "apply is cut into several transactions, each atomic (docs/operations.md).")

@@ -9,14 +9,15 @@ from typing import Any
 
 import typer
 
-from quire.client import Client
 from protocol import ApplyChange, ListEntry
+from protocol.apply_chunks import ApplyIncomplete, ApplyResult
 
 from . import specs as specfile
 from .store_check import check_spec_stores
 from .common import (
     EXIT_NOT_FOUND,
     CliError,
+    MaxTxnSizeOption,
     ServiceUnreachable,
     Output,
     OutputOption,
@@ -166,8 +167,10 @@ def apply(ctx: typer.Context,
                                    help="YAML spec tree ('-' for stdin)."),
           dry_run: bool = typer.Option(False, "--dry-run",
                                        help="Parse and validate, print the changes, apply nothing."),
+          max_txn_size: int = MaxTxnSizeOption,
           output: Output = OutputOption) -> None:
-    """Create, update or delete journals from a YAML spec tree, in one transaction."""
+    """Create, update or delete journals from a YAML spec tree: unchanged specs are
+    skipped, the rest written in transactions of at most --max-txn-size changes."""
     if file == "-":
         text, source = sys.stdin.read(), "stdin"
     else:
@@ -179,38 +182,44 @@ def apply(ctx: typer.Context,
     if not changes:
         raise CliError(f"{source} holds no journals", 7)
     check_spec_stores(changes)  # refused (auth on) / warned: a store no live worker writes to
-
-    async def go(client: Client) -> tuple[int, list[ApplyChange]]:
-        resolved = []
-        for change in changes:
-            if change.delete and change.expect_mod_revision == -1:
-                # Deletes name the revision they remove, so a racing re-create survives.
-                entry = await client.get_journal(change.delete)
-                change = ApplyChange(delete=change.delete, expect_mod_revision=entry.mod_revision)
-            resolved.append(change)
-        if dry_run:
-            return 0, resolved
-        return await client.apply(resolved), resolved
-
     if dry_run:
-        _print_changes(changes, output, revision=None)
+        _print_changes(changes, output, None)
         return
-    revision, resolved = run(ctx, go)
-    _print_changes(resolved, output, revision=revision)
+    try:
+        result = run(ctx, lambda c: c.apply_chunked(changes, max_txn_size=max_txn_size))
+    except ApplyIncomplete as exc:
+        _print_changes(changes, output, exc)
+        raise
+    _print_changes(changes, output, result)
 
 
-def _print_changes(changes: list[ApplyChange], output: Output, revision: int | None) -> None:
-    rows = [{"action": "delete" if c.delete else "upsert",
-             "journal": c.delete or (c.upsert.name if c.upsert else ""),
-             "expect_mod_revision": c.expect_mod_revision} for c in changes]
+def _print_changes(changes: list[ApplyChange], output: Output,
+                   result: ApplyResult | ApplyIncomplete | None) -> None:
+    """Each change with what became of it: applied, unchanged, or not applied."""
+    applied = set(result.applied) if result is not None else set()
+    unchanged = set(result.unchanged) if result is not None else set()
+    revision = result.revision if result is not None else None
+    rows = []
+    for c in changes:
+        name = c.delete or (c.upsert.name if c.upsert else "")
+        rows.append({"action": "delete" if c.delete else "upsert", "journal": name,
+                     "expect_mod_revision": c.expect_mod_revision,
+                     "result": "dry run" if result is None else "applied" if name in applied
+                     else "unchanged" if name in unchanged else "not applied"})
     if output is Output.json:
         emit_json_lines(rows if revision is None else [{**r, "revision": revision} for r in rows])
     elif output is Output.yaml:
-        emit_yaml({"revision": revision, "dry_run": revision is None, "changes": rows})
+        emit_yaml({"revision": revision, "dry_run": result is None, "changes": rows})
     else:
-        title = "dry run: nothing applied" if revision is None else f"applied at revision {revision}"
-        emit_table(title, ["action", "journal", "expected revision"],
-                   [(r["action"], r["journal"], r["expect_mod_revision"]) for r in rows])
+        if result is None:
+            title = "dry run: nothing applied"
+        else:
+            title = (f"applied {len(applied)}, unchanged {len(unchanged)}"
+                     + (f", not applied {len(result.not_applied)}"
+                        if isinstance(result, ApplyIncomplete) else "")
+                     + (f" (at revision {revision})" if applied else ""))
+        emit_table(title, ["action", "journal", "expected revision", "result"],
+                   [(r["action"], r["journal"], r["expect_mod_revision"], r["result"]) for r in rows])
 
 
 @app.command("delete")
