@@ -14,7 +14,8 @@ import ssl
 
 from .errors import ValidationError
 
-__all__ = ["TLSRefused", "client_context", "handshake_refusal", "server_context"]
+__all__ = ["TLSRefused", "client_context", "handshake_refusal", "server_context",
+           "settings_client_ssl"]
 
 CERT_VARS = "QUIRE_TLS_CERT and QUIRE_TLS_KEY"
 """What gives a client its certificate (protocol/config.py; docs/security.md)."""
@@ -91,3 +92,13 @@ def handshake_refusal(exc: BaseException, ctx: ssl.SSLContext | None, *,
                           f"a plain-TCP client (set {CA_VAR}, and {CERT_VARS} if it requires "
                           f"client certificates)")
     return None
+
+
+def settings_client_ssl(settings: object) -> ssl.SSLContext | None:
+    """The client context a process uses toward coordinators, from its settings:
+    None (plain TCP) unless `tls_ca` is set; `tls_cert`/`tls_key`, if set, are presented
+    (needed when coordinators require client certificates)."""
+    ca = getattr(settings, "tls_ca", None)
+    if not ca:
+        return None
+    return client_context(ca, getattr(settings, "tls_cert", None), getattr(settings, "tls_key", None))
