@@ -108,6 +108,8 @@ class LocalCluster(ClusterEnv):
         self.say: Callable[[str], None] = lambda text: None
         """Where the stop reports its progress (`quire up` prints it)."""
         self._hurry = threading.Event()
+        self.up = False
+        """True from the moment its env file is written (clients find it) until stop()."""
         self.run = RunDir(self.data_dir)
         self.run.acquire()  # AlreadyRunning if a live quire up has this data dir
         try:
@@ -244,6 +246,7 @@ class LocalCluster(ClusterEnv):
             self._start_dashboard()
             self._write_env_file()
             self.run.set_state("up")
+            self.up = True
         except BaseException:
             self.stop()
             raise
@@ -344,6 +347,7 @@ class LocalCluster(ClusterEnv):
         then the worker, beat, dashboard and Flower, then Redis and etcd; each phase
         bounded (STOP_BOUND in all), a member past its phase's bound SIGKILLed."""
         self._remove_env_file()  # first: from now on no command should find this cluster
+        self.up = False
         errors: list[str] = []
         if self.run.held:
             self.run.set_state("stopping")

@@ -157,10 +157,11 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     holder: list[LocalCluster] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        if phase[0] == "starting":  # abandon the start: start() stops what it started
+        up = bool(holder) and holder[0].up  # its env file written: stop it as a running one
+        if phase[0] == "starting" and not up:  # abandon the start: start() stops what it started
             phase[0] = "stopping"
             raise KeyboardInterrupt
-        if phase[0] == "running":
+        if phase[0] in ("starting", "running"):
             stop.set()
         elif holder:  # a second signal while stopping: kill what is left, now
             say("second signal: killing every member still running")
