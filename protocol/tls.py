@@ -76,14 +76,13 @@ def handshake_refusal(exc: BaseException, ctx: ssl.SSLContext | None, *,
     alert = any(a in reason for a in _CERT_ALERTS)
     closed = at_hello and (isinstance(exc, (ConnectionError, EOFError))
                            or type(exc).__name__ == "ConnectionClosed")
-    if ctx is not None and getattr(ctx, "presents_cert", True):
-        # A certificate was presented: only a reset (the server's alert, then close) or
-        # an alert in the handshake says it was the certificate, not a closing server.
-        if alert or (closed and "reset" in str(exc).lower()):
-            return TLSRefused(f"TLS handshake refused: the coordinator did not accept the client "
-                              f"certificate presented (not of a CA it trusts; set {CERT_VARS} "
-                              f"to one of the cluster's)")
-        return None
+    # Over TLS 1.3 a coordinator that refuses our certificate closes (or resets) the
+    # connection right after the handshake; a draining one refuses new connections
+    # instead, so a close before the answer to Hello is the certificate.
+    if ctx is not None and (alert or closed) and getattr(ctx, "presents_cert", True):
+        return TLSRefused(f"TLS handshake refused: the coordinator did not accept the client "
+                          f"certificate presented (not of a CA it trusts; set {CERT_VARS} "
+                          f"to one of the cluster's)")
     if ctx is not None and (alert or closed):
         return TLSRefused(f"TLS handshake refused: the coordinator requires a client certificate "
                           f"and none was presented (set {CERT_VARS})")

@@ -106,8 +106,11 @@ def test_quire_bench_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None
     try:
         bench.start()
         # Killed once its cluster runs — etcd and three coordinators, as reported — and
-        # the three processes of its reference pipeline (multiprocessing children).
+        # the three processes of its reference pipeline (multiprocessing children) are
+        # serving: its first case has been measured.
         def running() -> list[ProcessIdentity]:
+            if "pipeline R=3" not in bench.log_text():
+                return []
             t = descendants(bench.pid)
             count = lambda word: sum(word in " ".join(i.cmdline) for i in t)  # noqa: E731
             return t if count("coordinator.main") >= 3 and count("spawn_main") >= 3 else []
