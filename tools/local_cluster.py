@@ -349,6 +349,9 @@ class LocalCluster(ClusterEnv):
         self._remove_env_file()  # first: from now on no command should find this cluster
         self.up = False
         errors: list[str] = []
+        if any(s.pid is not None for s in self.services):
+            self.say(f"stopping… (at most {STOP_BOUND:g}s: coordinators drain first, up to "
+                     f"{DRAIN_TIMEOUT:g}s; Ctrl-C again kills every member now)")
         if self.run.held:
             self.run.set_state("stopping")
         try:

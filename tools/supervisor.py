@@ -12,7 +12,8 @@ Ctrl-C / SIGTERM stops everything in order (LocalCluster.stop, bounded by STOP_B
 saying what it waits for); a second one kills every member still running at once.
 During start-up the first one abandons the start (members started so far are stopped).
 The exit status is 0, or 6 when the cluster could not start (another `quire up` holds
-the data dir, a member never became ready) or a member crash-looped and was given up on.
+the data dir, a member never became ready) or a member crash-looped and was given up on,
+or 130 when a signal came before the cluster was up.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.cluster_run import AlreadyRunning
-from tools.local_cluster import DRAIN_TIMEOUT, STOP_BOUND, LocalCluster
+from tools.local_cluster import LocalCluster
 from tools.services import Service, ServiceError
 from tools.supervision import Action, RestartPolicy, Supervision, describe_exit
 
@@ -239,9 +240,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
         return EXIT_INTERRUPTED
     finally:
         phase[0] = "stopping"
-        say(f"stopping… (at most {STOP_BOUND:g}s: coordinators drain first, up to "
-            f"{DRAIN_TIMEOUT:g}s; Ctrl-C again kills every member now)")
-        try:
+        try:  # (it says "stopping…" and its bound; after a failed start, nothing is left)
             cluster.stop()
         except ServiceError as exc:
             say(f"error while stopping: {exc}")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.cluster_run import read_state
 from tools.cluster_stop import stop_phase
 from tools.lifetime import ProcessIdentity
 from tools.local_cluster import STOP_BOUND
@@ -91,6 +92,30 @@ def test_quire_up_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
             assert "drain: " in log and "left on disk: " in log, log[-3000:]
             assert up.returncode == 0
             assert not (tmp_path / "data" / "run" / "up.json").exists()
+    finally:
+        up.kill()
+
+
+def test_sigterm_while_starting_stops_what_was_started(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    up = QuireUpService(data, "-n", "2", env={"QUIRE_DATA_DIR": ""})
+    try:
+        up.start(wait=False)
+        members = data / "run" / "members.json"
+
+        def started() -> list[ProcessIdentity]:  # etcd and Redis up, the rest still to come
+            names = set(json.loads(members.read_text())["members"])
+            return descendants(up.pid) if {"etcd", "redis"} <= names else []
+
+        tree = wait_for(started, timeout=120, what="quire up to have started etcd and Redis")
+        state = read_state(data)
+        assert state is not None and state.state == "starting"
+        os.kill(up.pid, signal.SIGTERM)
+        wait_for(lambda: not up.running, timeout=STOP_BOUND + 15, what="quire up to exit")
+        assert_all_gone(tree + [i for i in descendants(up.pid) if i not in tree],
+                        "quire up after SIGTERM while starting")
+        assert up.returncode == 130 and "interrupted while starting" in up.log_text(), up.log_text()[-3000:]
+        assert read_state(data) is None
     finally:
         up.kill()
 
