@@ -32,18 +32,13 @@ def stop_phase(services: list[Service], bound: float, say: Callable[[str], None]
     for svc in services:
         svc.terminate()
     deadline, note = started + bound, started + NOTE_EVERY
-    while any(s.running for s in services) and not hurry.is_set():
-        now = time.monotonic()
-        if now >= deadline:
-            break
-        if now >= note:
-            note += NOTE_EVERY
-            waiting = ", ".join(s.name for s in services if s.running)
-            say(f"stopping: still waiting for {waiting} ({now - started:.0f}s of at most "
-                f"{bound:g}s{'; ' + doing if doing else ''})")
-        hurry.wait(0.05)
-    for svc in services:
-        pid, killed = svc.pid, svc.running
+    pending = list(services)
+
+    def done(svc: Service, killed: bool) -> None:
+        """Say how `svc` ended (as soon as it did: a quick member is not reported with a
+        slow one's time) and sweep its process group."""
+        pending.remove(svc)
+        pid, took = svc.pid, time.monotonic() - started
         try:
             if killed:
                 svc.kill()
@@ -51,12 +46,25 @@ def stop_phase(services: list[Service], bound: float, say: Callable[[str], None]
                 svc.stop(timeout=1.0)  # exited: sweep its process group, forget it
         except ServiceError as exc:
             errors.append(str(exc))
-            continue
-        took = time.monotonic() - started
+            return
         how = (f"did not stop within {took:.0f}s{' (stop hurried)' if hurry.is_set() else ''}: "
                f"killed" if killed else f"stopped ({took:.1f}s)")
         spool = (spools or {}).get(svc.name)
         say(f"{svc.name} (pid {pid}) {how}{drain_report(svc, spool, killed) if spool else ''}")
+
+    while pending:
+        for svc in [s for s in pending if not s.running]:
+            done(svc, killed=False)
+        now = time.monotonic()
+        if not pending or hurry.is_set() or now >= deadline:
+            break
+        if now >= note:
+            note += NOTE_EVERY
+            say(f"stopping: still waiting for {', '.join(s.name for s in pending)} "
+                f"({now - started:.0f}s of at most {bound:g}s{'; ' + doing if doing else ''})")
+        hurry.wait(0.05)
+    for svc in list(pending):
+        done(svc, killed=svc.running)
 
 
 def drain_report(svc: Service, spool: Path, killed: bool) -> str:
