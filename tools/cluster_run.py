@@ -131,9 +131,12 @@ class RunDir:
             except (KeyError, TypeError, ValueError):
                 continue
             live = rec.current()
-            if live is not None and process_group(rec.pid) == rec.pid:
+            if live is not None:  # still that very process: its group is ours too
                 victims.append(Reaped(name, live))
-                _kill_group(rec.pid)
+                if process_group(rec.pid) == rec.pid:
+                    _kill_group(rec.pid)
+                else:
+                    _kill(rec.pid)
             # Whatever else is in its group (its leader gone or not), if it is ours.
             for child in group_members(rec.pid, rec.start, rec.boot, marker):
                 if child.pid != rec.pid and child.current() is not None:

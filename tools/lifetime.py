@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ProcessIdentity", "child_preexec", "die_with_parent", "interrupt_on_sigterm",
-           "process_group", "spawn"]
+__all__ = ["ProcessIdentity", "child_preexec", "die_with_parent", "group_members",
+           "interrupt_on_sigterm", "process_group", "spawn"]
 
 T = TypeVar("T")
 PR_SET_PDEATHSIG = 1
