@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.cluster import LocalCluster
+from tools.lifetime import child_preexec
 from protocol import Codec, FragmentSpec, JournalSpec
 from quire.client import Client
 
@@ -77,7 +78,8 @@ def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
     return subprocess.Popen([found, "record", "--pid", str(pid),
                              "-r", "250", "-d", str(max(1, int(seconds))), "-f", "raw",
                              "-o", str(out), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=child_preexec())
 
 
 async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from protocol import (
     ListRequest, ListResponse, Status,
 )
 from protocol.stream import FrameStream
+from tools.lifetime import child_preexec
 from tools.services import EtcdService, free_port
 
 BATCH = 100
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     coordinator_argv(zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
                                      root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
                                      extra=("--journal-limit", str(max(steps) + 24))),
-                    stdout=log, stderr=subprocess.STDOUT)
+                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec())
             result = asyncio.run(_run(endpoint, proc.pid, steps, args.settle))
     finally:
         stop_processes([proc] if proc is not None else [])

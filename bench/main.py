@@ -30,6 +30,7 @@ from chaos.cluster import LocalCluster
 from quire.client import Client
 from protocol.logs import configure_logging
 from protocol import Codec, FragmentSpec, JournalSpec
+from tools.lifetime import interrupt_on_sigterm
 
 from .limits import measure_limits
 from .matrix import append_case, message_rate
@@ -280,6 +281,7 @@ def command(
     """Benchmark quire against Redis Streams, replicated brokers (NATS JetStream R=3, Redis
     with two replicas) and the machine's SHA-1 / loopback limits."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
+    interrupt_on_sigterm()  # `timeout 60 quire bench`: stop the cluster, remove the work dir
     console = Console(width=150)
     workdir = Path(tempfile.mkdtemp(prefix="quire-bench-"))
     try:

@@ -48,6 +48,7 @@ from protocol import (
 from protocol.auth import Capability, Keyring, Scope
 from protocol.stream import FrameStream
 from protocol.tls import client_context
+from tools.lifetime import child_preexec
 from tools.services import EtcdService, free_port
 from tools.secure_cluster import bootstrap_etcd, prepare
 from tools.tls_certs import make_local_ca
@@ -190,7 +191,8 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2, uvloop_client: bool = 
                                          spool_dir=os.path.join(work, f"spool-{v.name}-{i}"),
                                          extra=extra[v.name]),
                         stdout=log, stderr=subprocess.STDOUT,
-                        env={**os.environ, **etcd_env} if secure else None))
+                        env={**os.environ, **etcd_env} if secure else None,
+                        preexec_fn=child_preexec()))
                     v.pids.append(proc.pid)
                     log.close()
             if uvloop_client:

@@ -23,6 +23,7 @@ from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
 from protocol.shard import ShardSource, ShardSpec
 from quire.client import Client
 from topology.etcd import connect
+from tools.lifetime import child_preexec
 from tools.output import make_console, make_table
 from topology.shards import ShardChange, apply_shards, list_statuses
 
@@ -65,7 +66,7 @@ async def _run(endpoints: list[str], etcd_url: str, root: str, store: str, expec
                           highlight=False)
             log = open(data_dir / "consumer.log", "ab")  # noqa: SIM115 - closed below
             member = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=child_preexec())
             deadline = time.monotonic() + WAIT
             totals: dict[str, int] = {}
             while sum(totals.values()) < expected:

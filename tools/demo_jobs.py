@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from protocol.job import JobRun, RunState
+from tools.lifetime import child_preexec
 from tools.output import make_console
 
 console = make_console()
@@ -42,7 +43,8 @@ def _cli(etcd_url: str, root: str, *args: str) -> subprocess.CompletedProcess[st
 
     return subprocess.run([*_quire(), *args, "--etcd", etcd_url, "--root", root],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "160"})  # one line per run
+                          env={**os.environ, "COLUMNS": "160"},  # one line per run
+                          preexec_fn=child_preexec())
 
 
 def spec() -> dict[str, object]:

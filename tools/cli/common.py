@@ -40,6 +40,7 @@ from quire.client import Client
 from protocol import Status
 from protocol.config import Settings
 from protocol.apply_chunks import ApplyIncomplete
+from protocol.tls import TLSRefused
 from protocol.errors import (
     ProtocolError,
     QuireError,
@@ -107,8 +108,9 @@ class ServiceUnreachable(CliError):
     def __init__(self, service: str, url: str, why: str, setting: str) -> None:
         hint = ("" if os.environ.get("QUIRE_DATA_DIR") else
                 "; for a `quire up` cluster in another data dir, set QUIRE_DATA_DIR")
-        super().__init__(f"{service} unreachable at {url}: {' '.join(why.split()) or 'no answer'} "
-                         f"(set {setting}{hint})", EXIT_UNAVAILABLE)
+        tail = f" (set {setting}{hint})" if setting else ""  # "": `why` names what to set
+        super().__init__(f"{service} unreachable at {url}: {' '.join(why.split()) or 'no answer'}"
+                         f"{tail}", EXIT_UNAVAILABLE)
         self.service, self.url = service, url
 
 
@@ -175,12 +177,15 @@ async def reach(client: Client, timeout: float) -> None:
     command), or raise ServiceUnreachable naming what was tried and how to change it."""
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
+    tls: list[str] = []
     while True:
         for endpoint in client.endpoints:
             try:
                 conn = await client.pool.acquire(endpoint)
             except Unavailable as exc:
                 reasons[endpoint] = _why(exc)
+                if isinstance(exc.__cause__, TLSRefused) and endpoint not in tls:
+                    tls.append(endpoint)  # the reason names the TLS variable to set
                 continue
             client.pool.release(conn)
             return
@@ -190,7 +195,7 @@ async def reach(client: Client, timeout: float) -> None:
     why = ("; ".join(f"{e}: {r}" for e, r in reasons.items()) if len(reasons) > 1
            else "".join(reasons.values()))
     raise ServiceUnreachable("coordinator", ",".join(client.endpoints), why,
-                             "QUIRE_BROKER or --broker")
+                             "" if len(tls) == len(reasons) else "QUIRE_BROKER or --broker")
 
 
 def _why(exc: BaseException) -> str:
