@@ -8,6 +8,8 @@ Layer 2: imports `protocol` and third-party libraries only.
     persist   persist_fragment / read_fragment / list_fragments
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
+    verified  read_verified — the one verifying reader (proof before any byte, fallback
+              to other copies, quarantine, mend); FragmentCorrupt
     stats     store_stats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
@@ -36,6 +38,7 @@ from .persist import (
     persist_fragment,
     read_fragment,
 )
+from .verified import FragmentCorrupt, prove_stored, quarantine, read_verified, verify_stored
 from .stores import (
     HEALTH_KEY,
     FileStore,
@@ -47,7 +50,8 @@ from .stores import (
 )
 
 __all__ = [
-    "EXTENSION", "HEALTH_KEY", "ChecksumMismatch", "CodecError", "CoverSet", "FileStore",
+    "EXTENSION", "HEALTH_KEY", "ChecksumMismatch", "FragmentCorrupt", "prove_stored", "quarantine",
+    "read_verified", "verify_stored", "CodecError", "CoverSet", "FileStore",
     "FragmentNotFound", "FragmentStore", "InvalidFragmentKey", "InvalidStoreKey", "Manifest",
     "ObjectInfo", "S3Store", "StoreAccessDenied", "StoreError", "StoreNotFound",
     "StoreUnavailable", "clear_store_cache", "compress", "compress_chunks", "compressor",

@@ -6,8 +6,11 @@ and sum), so a wrong or short fragment never becomes visible under its content-a
 key. Because the key is content-addressed, an object already under it *is* this
 fragment: persisting again is a no-op (idempotent retries, several replicas racing).
 
-`read_fragment` is the reverse: fetch, decompress as a stream, skip to an offset, and
-check the total length (and, for a whole read, the SHA-1) when the stream ends.
+`read_fragment` is the reverse. By default it is `verified.read_verified` on this one
+store: the whole object is fetched, decompressed and proven by its SHA-1 before any byte
+is handed on (a corrupt copy is quarantined and FragmentCorrupt raised). Only with
+`verify=False` (what `unverified_reads_risk_corruption` selects) does it stream the
+object as stored, checking the length when the stream ends and nothing else.
 """
 
 from __future__ import annotations
@@ -94,11 +97,16 @@ def read_fragment(store: FragmentStore, fragment: Fragment, offset: int | None =
                   verify: bool = True) -> Iterator[bytes]:
     """Raw content of a persisted fragment from `offset` (default: its begin) to its end.
 
-    The object is opened now (FragmentNotFound raises here); the length is checked when
-    the stream ends, and the SHA-1 too for a whole read with `verify`. Both raise
-    ChecksumMismatch after the bytes were yielded, so a consumer must not act on content
-    before the iterator finishes cleanly.
+    `verify` (the default): proven before the first byte (fragment_store.verified), a
+    corrupt copy quarantined, FragmentCorrupt raised — callers wanting other copies tried
+    call `read_verified` with the journal's stores. `verify=False`: the object is opened
+    now (FragmentNotFound raises here) and streamed unproven; only its length is checked,
+    when the stream ends (ChecksumMismatch after the bytes were yielded).
     """
+    if verify:
+        from .verified import read_verified
+
+        return read_verified(fragment, offset, store=store)
     key = fragment_key(fragment)
     start = fragment.begin if offset is None else offset
     if not fragment.begin <= start <= fragment.end:
@@ -106,11 +114,11 @@ def read_fragment(store: FragmentStore, fragment: Fragment, offset: int | None =
     skip = start - fragment.begin
     if fragment.codec == Codec.NONE:
         stored = store.get(key, offset=skip)  # a raw object supports ranged reads
-        expected, skip, whole = fragment.content_length - skip, 0, skip == 0
+        expected, skip = fragment.content_length - skip, 0
     else:
         stored = store.get(key)
-        expected, whole = fragment.content_length, True
-    return _raw(stored, fragment, key, store.url, skip, expected, verify and whole)
+        expected = fragment.content_length
+    return _raw(stored, fragment, key, store.url, skip, expected, False)
 
 
 def _raw(stored: Iterator[bytes], fragment: Fragment, key: str, url: str, skip: int,

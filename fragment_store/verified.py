@@ -1,0 +1,282 @@
+"""The one verifying reader every path that reads a fragment from a store goes through.
+
+A fragment's name carries the SHA-1 of its raw content, so a stored object proves
+itself: `read_verified` fetches the whole object, decompresses it (the codec's own
+checks — gzip's CRC, zstd's frame checksums — are only a first line), hashes the raw
+content as it goes and keeps it in a `SpooledTemporaryFile` — in memory up to
+`SPILL_BYTES`, in a temp file past that — and hands out **no byte before the SHA-1 and
+length matched**. Memory per read is therefore bounded by SPILL_BYTES (+ one
+decompressed chunk), whatever the fragment's size; a read from an offset inside a
+fragment still fetches and proves the whole object (the proof covers whole objects).
+
+A copy that fails its proof is:
+
+* reported — `quire_fragment_corrupt_total{store}` and a structlog `fragment corrupt`
+  line naming store, key and why;
+* quarantined — moved under `.quire/quarantine/<key>` in its own store (never deleted:
+  an operator can still inspect it; listings of the journal no longer see it);
+* replaced by the next copy: the other stores of the journal's `fragment.stores`,
+  then any `extra` sources a caller offers (a coordinator: a replica's spool);
+* mended — once a good copy was found, it is persisted again under the original key
+  in every store whose copy was corrupt (`quire_fragment_mended_total`).
+
+Only where no good copy exists does the read fail, with `FragmentCorrupt` naming the
+journal, the fragment and every store whose copy failed.
+
+`unverified_reads_risk_corruption=True` skips all of this and streams the object as
+stored (the old, unproven path: a rotten byte reaches the caller). It exists for
+measuring the cost and for emergencies; its name says what it risks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import IO, Any
+
+from prometheus_client import Counter
+
+from protocol import Fragment, ValidationError
+from protocol.logs import get_logger
+
+from .codecs import decompress_chunks
+from .errors import ChecksumMismatch, CodecError, FragmentNotFound, StoreError
+from .keys import fragment_key, fragment_name
+from .stores.base import READ_CHUNK, FragmentStore
+
+log = get_logger(__name__)
+
+SPILL_BYTES = 16 << 20
+"""Raw content kept in memory while it is proven; past this it spills to a temp file."""
+QUARANTINE_PREFIX = ".quire/quarantine/"
+"""Where a corrupt object is moved, under its original key (same store)."""
+
+VERIFIED = Counter("quire_fragment_reads_verified_total",
+                   "Fragment copies read from a store and proven by their SHA-1", ["outcome"])
+CORRUPT = Counter("quire_fragment_corrupt_total",
+                  "Stored fragment copies that failed their proof (SHA-1, length or codec)",
+                  ["store"])
+QUARANTINED = Counter("quire_fragment_quarantined_total",
+                      "Corrupt fragment objects moved under .quire/quarantine/", ["store"])
+MENDED = Counter("quire_fragment_mended_total",
+                 "Corrupt fragment copies persisted again from a good copy", ["store"])
+
+
+class FragmentCorrupt(ChecksumMismatch):
+    """No good copy of a fragment exists: every copy found failed its proof.
+
+    `.journal`, `.fragment` (its name) and `.stores` (the store URLs whose copy failed)
+    say what; `.url` / `.key` are the first corrupt copy's."""
+
+    def __init__(self, message: str, url: str = "", key: str = "", journal: str = "",
+                 fragment: str = "", stores: tuple[str, ...] = ()) -> None:
+        StoreError.__init__(self, message, url, key)
+        self.args = (message, url, key, journal, fragment, stores)
+        self.journal = journal
+        self.fragment = fragment
+        self.stores = stores
+
+
+Extra = tuple[str, Callable[[], Iterable[bytes]]]
+"""Another copy of a fragment's *raw* content: (a label for logs, a supplier of chunks)."""
+
+
+def quarantine_key(key: str) -> str:
+    return QUARANTINE_PREFIX + key
+
+
+def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: str = "",
+          spill_bytes: int = SPILL_BYTES) -> IO[bytes]:
+    """Raw content chunks in, a file positioned at 0 holding exactly the fragment's
+    content out — or ChecksumMismatch (length or SHA-1) / CodecError. The caller closes
+    the file."""
+    key = key or fragment_key(fragment)
+    expected = fragment.content_length
+    out: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=spill_bytes)  # noqa: SIM115
+    sha, total = hashlib.sha1(), 0
+    try:
+        for chunk in raw_chunks:
+            total += len(chunk)
+            if total > expected:
+                raise ChecksumMismatch(f"content is longer than the fragment's {expected} bytes",
+                                       url, key)
+            sha.update(chunk)
+            out.write(chunk)
+        if total != expected:
+            raise ChecksumMismatch(f"content has {total} bytes, the fragment {expected}", url, key)
+        if sha.hexdigest() != fragment.sum:
+            raise ChecksumMismatch(f"content SHA-1 {sha.hexdigest()} != fragment sum {fragment.sum}",
+                                   url, key)
+    except BaseException:
+        out.close()
+        raise
+    out.seek(0)
+    return out
+
+
+def prove_stored(store: FragmentStore, fragment: Fragment,
+                 spill_bytes: int = SPILL_BYTES) -> IO[bytes]:
+    """Fetch the whole stored object of `fragment`, decompress and prove it (see `prove`).
+    FragmentNotFound raises if there is no object; other StoreErrors as the store says."""
+    key = fragment_key(fragment)
+    stored = store.get(key)
+    try:
+        return prove(fragment, decompress_chunks(fragment.codec, stored), store.url, key,
+                     spill_bytes)
+    except CodecError as exc:
+        raise ChecksumMismatch(f"stored bytes do not decode as {fragment.codec.value}: {exc}",
+                               store.url, key) from None
+    finally:
+        close = getattr(stored, "close", None)
+        if close is not None:
+            close()
+
+
+def quarantine(store: FragmentStore, key: str) -> str:
+    """Move a corrupt object under QUARANTINE_PREFIX (never delete it); returns the new
+    key. The store's own `quarantine` is used when it has one (a rename on a file store,
+    a server-side copy on S3), else a copy through this process and a delete."""
+    target = quarantine_key(key)
+    move = getattr(store, "quarantine", None)
+    if move is not None:
+        move(key, target)
+    else:  # pragma: no cover - both built-in stores implement quarantine
+        store.put(target, store.get(key))
+        store.delete(key)
+    QUARANTINED.labels(store.url).inc()
+    log.warning("fragment quarantined", store=store.url, key=key, quarantine_key=target)
+    return target
+
+
+def report_corrupt(store_url: str, key: str, why: str) -> None:
+    CORRUPT.labels(store_url).inc()
+    VERIFIED.labels("corrupt").inc()
+    log.error("fragment corrupt", store=store_url, key=key, reason=why)
+
+
+def mend(store: FragmentStore, fragment: Fragment, content: IO[bytes]) -> bool:
+    """Persist `content` (proven raw content) again under the fragment's key in `store`;
+    False (logged) when the store refuses."""
+    from .persist import persist_fragment
+
+    start = content.tell()
+    try:
+        persist_fragment(store, fragment, iter(lambda: content.read(READ_CHUNK), b""))
+    except StoreError as exc:
+        log.warning("fragment not mended", store=store.url, key=fragment_key(fragment),
+                    error=str(exc))
+        return False
+    finally:
+        content.seek(start)
+    MENDED.labels(store.url).inc()
+    log.info("fragment mended", store=store.url, key=fragment_key(fragment))
+    return True
+
+
+def _stream(content: IO[bytes], skip: int, chunk: int) -> Iterator[bytes]:
+    try:
+        content.seek(skip)
+        while data := content.read(chunk):
+            yield data
+    finally:
+        content.close()
+
+
+def read_verified(fragment: Fragment, offset: int | None = None, *,
+                  store: FragmentStore | None = None,
+                  stores: Sequence[str] = (),
+                  extra: Sequence[Extra] = (),
+                  open_store: Callable[[str], FragmentStore] | None = None,
+                  mend_corrupt: bool = True,
+                  spill_bytes: int = SPILL_BYTES,
+                  chunk: int = READ_CHUNK,
+                  unverified_reads_risk_corruption: bool = False) -> Iterator[bytes]:
+    """Proven raw content of `fragment` from `offset` (default its begin) to its end.
+
+    Copies are tried in order: `store` (default: the fragment's backing_store), then the
+    other `stores` URLs (the journal's `fragment.stores`), then `extra` sources. The
+    first copy that proves itself is returned as an iterator of chunks; every copy that
+    failed before it was reported and quarantined, and is mended from it
+    (`mend_corrupt`). Everything happens before this returns: FragmentNotFound (no copy
+    anywhere), FragmentCorrupt (copies, none good) or the first StoreError raise here.
+    """
+    opener = open_store
+    if opener is None:
+        from .stores import open_store as opener  # type: ignore[no-redef]
+    start = fragment.begin if offset is None else offset
+    if not fragment.begin <= start <= fragment.end:
+        raise ValidationError("offset", f"{start} is outside the fragment [{fragment.begin}, {fragment.end})")
+    first = store if store is not None else opener(fragment.backing_store) if fragment.backing_store \
+        else None
+    if unverified_reads_risk_corruption:
+        from .persist import read_fragment
+
+        if first is None:
+            raise ValidationError("fragment.backing_store", "an unpersisted fragment has no store")
+        VERIFIED.labels("unverified").inc()
+        return read_fragment(first, fragment, start, verify=False)
+
+    candidates: list[FragmentStore] = [first] if first is not None else []
+    for url in stores:
+        if url and all(url != c.url for c in candidates):
+            candidates.append(opener(url))
+    key = fragment_key(fragment)
+    corrupt: list[FragmentStore] = []
+    first_error: StoreError | None = None
+    good: IO[bytes] | None = None
+    for candidate in candidates:
+        try:
+            good = prove_stored(candidate, fragment, spill_bytes)
+            break
+        except ChecksumMismatch as exc:
+            report_corrupt(candidate.url, key, exc.message)
+            corrupt.append(candidate)
+            try:
+                quarantine(candidate, key)
+            except StoreError as qexc:
+                log.error("corrupt fragment not quarantined", store=candidate.url, key=key,
+                          error=str(qexc))
+        except StoreError as exc:
+            if first_error is None and not (corrupt and isinstance(exc, FragmentNotFound)):
+                first_error = exc
+    if good is None:
+        for label, supply in extra:
+            try:
+                good = prove(fragment, supply(), label, key, spill_bytes)
+                break
+            except ChecksumMismatch as exc:
+                report_corrupt(label, key, exc.message)
+            except Exception as exc:  # noqa: BLE001 - another copy is only a hope
+                log.info("no copy from an extra source", source=label, key=key, error=str(exc))
+    if good is None:
+        if corrupt:
+            urls = tuple(c.url for c in corrupt)
+            raise FragmentCorrupt(
+                f"journal {fragment.journal}: fragment {fragment_name(fragment)} is corrupt in "
+                f"{', '.join(urls)} and no good copy exists", corrupt[0].url, key,
+                fragment.journal, fragment_name(fragment), urls)
+        if first_error is not None:
+            raise first_error
+        raise FragmentNotFound("no store holds the fragment", "", key)
+    VERIFIED.labels("ok" if not corrupt else "recovered").inc()
+    if corrupt:
+        log.warning("fragment read from a good copy", key=key, corrupt_in=[c.url for c in corrupt])
+        if mend_corrupt:
+            for bad in corrupt:
+                mend(bad, fragment, good)
+    return _stream(good, start - fragment.begin, chunk)
+
+
+def verify_stored(store: FragmentStore, fragment: Fragment, **kw: Any) -> str:
+    """Prove one stored copy without reading it further: '' if good, else why not
+    (the corrupt copy is reported, not quarantined — callers decide). For the scrub."""
+    key = fragment_key(fragment)
+    try:
+        content = prove_stored(store, fragment, **kw)
+    except ChecksumMismatch as exc:
+        report_corrupt(store.url, key, exc.message)
+        return exc.message
+    content.close()
+    VERIFIED.labels("ok").inc()
+    return ""
