@@ -149,6 +149,13 @@ def quarantine(store: FragmentStore, key: str) -> str:
     return target
 
 
+def _was_quarantined(store: FragmentStore, key: str) -> bool:
+    try:
+        return store.exists(quarantine_key(key))
+    except StoreError:
+        return False
+
+
 def report_corrupt(store_url: str, key: str, why: str) -> None:
     CORRUPT.labels(store_url).inc()
     VERIFIED.labels("corrupt").inc()
@@ -237,8 +244,13 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
             except StoreError as qexc:
                 log.error("corrupt fragment not quarantined", store=candidate.url, key=key,
                           error=str(qexc))
+        except FragmentNotFound as exc:
+            if _was_quarantined(candidate, key):
+                corrupt.append(candidate)  # found rotten by an earlier read: mend it too
+            elif first_error is None and not corrupt:
+                first_error = exc
         except StoreError as exc:
-            if first_error is None and not (corrupt and isinstance(exc, FragmentNotFound)):
+            if first_error is None:
                 first_error = exc
     if good is None:
         for label, supply in extra:

@@ -90,6 +90,10 @@ class Status(enum.IntEnum):
     """A member's spool failed for good (EIO, a read-only filesystem): the member
     refuses every write and gives its journals to healthy members; the message names
     the member and the error. Nothing was written; retry once the route moved."""
+    FRAGMENT_CORRUPT = 70
+    """A read reached a persisted fragment whose every stored copy failed its SHA-1
+    proof (fragment_store/verified.py) and no member holds it: the message names the
+    journal, the fragment and the stores. No byte of it was sent."""
 
     @property
     def retriable(self) -> bool:
