@@ -215,7 +215,8 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                                              offset=offset, write_head=replica.write_head))
                 return True
         if frag.is_persisted and local is None and frag != replica.spool.fragment:
-            ok = await _persisted(conn, req, res, replica, frag, offset, first)
+            ok = await _persisted(conn, req, res, replica, frag, offset, first,
+                                  journal_stores(broker, req.journal))
             if not ok:
                 return True
             first = False
@@ -237,8 +238,9 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
 
 
 async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
-                     first: bool) -> bool:
-    """A fragment only the store holds: hand out its URL, or stream it ourselves."""
+                     first: bool, stores: tuple[str, ...] = ()) -> bool:
+    """A fragment only the store holds: hand out its URL, or stream it ourselves (proven
+    first; `stores`: the journal's, where other copies are)."""
     from fragment_store.keys import fragment_key
     from fragment_store.stores import open_store
 
@@ -254,7 +256,7 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
     if req.metadata_only or (req.do_not_proxy and url):
         return False
     try:
-        offset = await stream_stored(conn, frag, offset, req.end_offset, journal_stores(broker, frag.journal))
+        offset = await stream_stored(conn, frag, offset, req.end_offset, stores)
     except StoredCorrupt as exc:
         await conn.send(exc.response)
         return False

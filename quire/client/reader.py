@@ -160,7 +160,8 @@ class Reader:
                     if await self._on_metadata(message):
                         clean = True
                         return
-                    if self.from_store and message.fragment_url and message.fragment is not None:
+                    if self.from_store and message.fragment_url and message.fragment is not None \
+                            and message.fragment.end > self._via_broker_until:
                         conn.abort()
                         async for item in self._from_url(message):
                             yield item
