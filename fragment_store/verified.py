@@ -13,8 +13,11 @@ A copy that fails its proof is:
 
 * reported — `quire_fragment_corrupt_total{store}` and a structlog `fragment corrupt`
   line naming store, key and why;
-* quarantined — moved under `.quire/quarantine/<key>` in its own store (never deleted:
-  an operator can still inspect it; listings of the journal no longer see it);
+* quarantined under `.quire/quarantine/<key>` in its own store, never deleted: *moved*
+  there when a good copy was found (and the key mended at once), *copied* there when
+  none was — the rotten object then stays under its key so every later read fails
+  loudly (FragmentCorrupt) rather than the journal silently growing a gap a listing
+  would skip;
 * replaced by the next copy: the other stores of the journal's `fragment.stores`,
   then any `extra` sources a caller offers (a coordinator: a replica's spool);
 * mended — once a good copy was found, it is persisted again under the original key
@@ -133,19 +136,22 @@ def prove_stored(store: FragmentStore, fragment: Fragment,
             close()
 
 
-def quarantine(store: FragmentStore, key: str) -> str:
-    """Move a corrupt object under QUARANTINE_PREFIX (never delete it); returns the new
-    key. The store's own `quarantine` is used when it has one (a rename on a file store,
-    a server-side copy on S3), else a copy through this process and a delete."""
+def quarantine(store: FragmentStore, key: str, *, keep_original: bool = False) -> str:
+    """Put a corrupt object under QUARANTINE_PREFIX (never delete it); returns the new
+    key. A move (`keep_original=False`: a rename on a file store, a server-side copy and
+    delete on S3) when a good copy is about to replace it; a copy when none exists, so
+    the key keeps failing loudly instead of leaving a silent gap in the journal."""
     target = quarantine_key(key)
     move = getattr(store, "quarantine", None)
     if move is not None:
-        move(key, target)
+        move(key, target, keep_original=keep_original)
     else:  # pragma: no cover - both built-in stores implement quarantine
         store.put(target, store.get(key))
-        store.delete(key)
+        if not keep_original:
+            store.delete(key)
     QUARANTINED.labels(store.url).inc()
-    log.warning("fragment quarantined", store=store.url, key=key, quarantine_key=target)
+    log.warning("fragment quarantined", store=store.url, key=key, quarantine_key=target,
+                original_kept=keep_original)
     return target
 
 
@@ -230,6 +236,7 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
             candidates.append(opener(url))
     key = fragment_key(fragment)
     corrupt: list[FragmentStore] = []
+    missing: list[FragmentStore] = []
     first_error: StoreError | None = None
     good: IO[bytes] | None = None
     for candidate in candidates:
@@ -239,15 +246,10 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
         except ChecksumMismatch as exc:
             report_corrupt(candidate.url, key, exc.message)
             corrupt.append(candidate)
-            try:
-                quarantine(candidate, key)
-            except StoreError as qexc:
-                log.error("corrupt fragment not quarantined", store=candidate.url, key=key,
-                          error=str(qexc))
         except FragmentNotFound as exc:
             if _was_quarantined(candidate, key):
-                corrupt.append(candidate)  # found rotten by an earlier read: mend it too
-            elif first_error is None and not corrupt:
+                missing.append(candidate)  # moved aside by an earlier read: mend it too
+            elif first_error is None:
                 first_error = exc
         except StoreError as exc:
             if first_error is None:
@@ -261,6 +263,11 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
                 report_corrupt(label, key, exc.message)
             except Exception as exc:  # noqa: BLE001 - another copy is only a hope
                 log.info("no copy from an extra source", source=label, key=key, error=str(exc))
+    for bad in corrupt:
+        try:  # moved aside if a good copy replaces it, else kept in place (and copied)
+            quarantine(bad, key, keep_original=good is None)
+        except StoreError as qexc:
+            log.error("corrupt fragment not quarantined", store=bad.url, key=key, error=str(qexc))
     if good is None:
         if corrupt:
             urls = tuple(c.url for c in corrupt)
@@ -272,10 +279,10 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
             raise first_error
         raise FragmentNotFound("no store holds the fragment", "", key)
     VERIFIED.labels("ok" if not corrupt else "recovered").inc()
-    if corrupt:
+    if corrupt or missing:
         log.warning("fragment read from a good copy", key=key, corrupt_in=[c.url for c in corrupt])
         if mend_corrupt:
-            for bad in corrupt:
+            for bad in corrupt + missing:
                 mend(bad, fragment, good)
     return _stream(good, start - fragment.begin, chunk)
 

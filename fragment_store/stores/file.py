@@ -156,9 +156,13 @@ class FileStore(FragmentStore):
             raise _os_error(exc, self.url, key) from None
         # Emptied directories stay: removing them would race a concurrent put.
 
-    def quarantine(self, key: str, target: str) -> None:
-        """Move an object to `target` (a rename: the bytes stay as they were)."""
+    def quarantine(self, key: str, target: str, *, keep_original: bool = False) -> None:
+        """Move an object to `target` (a rename: the bytes stay as they were), or copy it
+        there (`keep_original`)."""
         src, dst = self._path(key), self._path(target)
+        if keep_original:
+            self.put(target, self.get(key))
+            return
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)

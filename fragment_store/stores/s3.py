@@ -245,8 +245,9 @@ class S3Store(FragmentStore):
                                        f"{DELETE_ATTEMPTS} attempts", self.url, pending[0])
         return asked
 
-    def quarantine(self, key: str, target: str) -> None:
-        """Move an object to `target`: a server-side copy, then the original removed."""
+    def quarantine(self, key: str, target: str, *, keep_original: bool = False) -> None:
+        """Move an object to `target`: a server-side copy, then the original removed
+        (unless `keep_original`)."""
         from minio.commonconfig import CopySource
 
         try:
@@ -258,7 +259,8 @@ class S3Store(FragmentStore):
             raise map_error(exc, self.url, key) from None
         except Exception as exc:
             raise map_error(exc, self.url, key) from None
-        self.delete(key)
+        if not keep_original:
+            self.delete(key)
 
     def signed_url(self, key: str, ttl: float = 60.0) -> str:
         try:

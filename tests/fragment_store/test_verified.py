@@ -56,7 +56,8 @@ def test_flipped_byte_never_reaches_the_caller(store: FragmentStore, codec: str)
     assert err.value.journal == J and err.value.fragment in key and store.url in err.value.stores
     assert key.rsplit("/", 1)[1] in str(err.value)
     assert counter(verified_mod.CORRUPT, store.url) == before + 1
-    assert not store.exists(key)  # quarantined, not deleted:
+    # No good copy: kept where it is (later reads fail as loudly) and copied aside.
+    assert store.read_all(key) == rotten
     assert store.read_all(verified_mod.quarantine_key(key)) == rotten
 
 
@@ -74,7 +75,7 @@ def test_good_copy_in_another_store_is_read_and_mends(store: FragmentStore, tmp_
     out = b"".join(read_verified(f, 100 + 17, stores=[store.url, backup.url],
                                  open_store=opened.__getitem__))
     assert out == content[17:]
-    assert store.read_all(verified_mod.quarantine_key(key)) == rotten
+    assert store.read_all(verified_mod.quarantine_key(key)) == rotten  # moved aside, then
     assert counter(verified_mod.MENDED, store.url) == mended + 1
     assert verify_stored(store, f) == ""  # the mended object proves itself again
     assert b"".join(read_fragment(store, f)) == content
