@@ -287,14 +287,16 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
     return _stream(good, start - fragment.begin, chunk)
 
 
-def verify_stored(store: FragmentStore, fragment: Fragment, **kw: Any) -> str:
-    """Prove one stored copy without reading it further: '' if good, else why not
-    (the corrupt copy is reported, not quarantined — callers decide). For the scrub."""
+def verify_stored(store: FragmentStore, fragment: Fragment, *, report: bool = True, **kw: Any) -> str:
+    """Prove one stored copy without reading it further: '' if good, else why not. The
+    corrupt copy is reported (unless `report=False`: the caller's read_verified will),
+    not quarantined — callers decide. For the scrub."""
     key = fragment_key(fragment)
     try:
         content = prove_stored(store, fragment, **kw)
     except ChecksumMismatch as exc:
-        report_corrupt(store.url, key, exc.message)
+        if report:
+            report_corrupt(store.url, key, exc.message)
         return exc.message
     content.close()
     VERIFIED.labels("ok").inc()
