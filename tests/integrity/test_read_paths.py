@@ -124,6 +124,13 @@ async def test_coordinator_cli_and_replay_reads_never_pass_rot(etcd, etcd_root, 
                         await replayed(node.endpoint, j, f.end)
                     assert err.value.status == Status.FRAGMENT_CORRUPT
                     assert fragment_name(f) in str(err.value)
+            # 4. `quire fragments verify`: the copies without a good copy are named, exit 10.
+            out = cli(node.endpoint, "fragments", "verify")
+            assert out.returncode == 10, out.stderr
+            for j, f, _, good_copy in cases:
+                assert (fragment_key(f).encode() in out.stderr) is not good_copy, j
+            ok = cli(node.endpoint, "fragments", "verify", "-j", cases[0][0])
+            assert ok.returncode == 0 and b"0 rotten copies" in ok.stdout, ok.stdout + ok.stderr
 
 
 async def _served(cold_read, j: str, f: Fragment) -> bool:  # noqa: ANN001
