@@ -3,9 +3,9 @@
 A fragment's name carries the SHA-1 of its raw content, so a stored object proves
 itself: `read_verified` fetches the whole object, decompresses it (the codec's own
 checks — gzip's CRC, zstd's frame checksums — are only a first line), hashes the raw
-content as it goes and keeps it in a `SpooledTemporaryFile` — in memory up to
-`SPILL_BYTES`, in a temp file past that — and hands out **no byte before the SHA-1 and
-length matched**. Memory per read is therefore bounded by SPILL_BYTES (+ one
+content as it goes and keeps it (`Proven`: the decompressed chunks themselves, no copy,
+up to `SPILL_BYTES`; past that everything goes to an unnamed temp file) — and hands out
+**no byte before the SHA-1 and length matched**. Memory per read is therefore bounded by SPILL_BYTES (+ one
 decompressed chunk), whatever the fragment's size; a read from an offset inside a
 fragment still fetches and proves the whole object (the proof covers whole objects).
 
@@ -89,14 +89,58 @@ def quarantine_key(key: str) -> str:
     return QUARANTINE_PREFIX + key
 
 
+class Proven:
+    """A fragment's raw content, held until its proof passed: the chunks as they came
+    (no copy) while they total at most `spill_bytes`, then all of it in an unnamed temp
+    file. `chunks(skip, size)` hands it on; `close()` releases it."""
+
+    def __init__(self, spill_bytes: int = SPILL_BYTES) -> None:
+        self.spill_bytes = spill_bytes
+        self.size = 0
+        self._mem: list[bytes] = []
+        self._file: IO[bytes] | None = None
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._file is None and self.size > self.spill_bytes:
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+            for held in self._mem:
+                self._file.write(held)
+            self._mem = []
+        if self._file is not None:
+            self._file.write(chunk)
+        else:
+            self._mem.append(bytes(chunk) if not isinstance(chunk, bytes) else chunk)
+
+    def chunks(self, skip: int = 0, size: int = READ_CHUNK) -> Iterator[bytes]:
+        """The content from byte `skip` on (in memory: the chunks as held; spilled: reads
+        of `size`). Several passes may be made."""
+        if self._file is not None:
+            self._file.seek(skip)
+            while data := self._file.read(size):
+                yield data
+            return
+        for held in self._mem:
+            if skip >= len(held):
+                skip -= len(held)
+                continue
+            yield held[skip:] if skip else held
+            skip = 0
+
+    def close(self) -> None:
+        self._mem = []
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: str = "",
-          spill_bytes: int = SPILL_BYTES) -> IO[bytes]:
-    """Raw content chunks in, a file positioned at 0 holding exactly the fragment's
-    content out — or ChecksumMismatch (length or SHA-1) / CodecError. The caller closes
-    the file."""
+          spill_bytes: int = SPILL_BYTES) -> Proven:
+    """Raw content chunks in, the fragment's proven content out (`Proven`) — or
+    ChecksumMismatch (length or SHA-1) / CodecError. The caller closes it."""
     key = key or fragment_key(fragment)
     expected = fragment.content_length
-    out: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=spill_bytes)  # noqa: SIM115
+    out = Proven(spill_bytes)
     sha, total = hashlib.sha1(), 0
     try:
         for chunk in raw_chunks:
@@ -114,12 +158,11 @@ def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: s
     except BaseException:
         out.close()
         raise
-    out.seek(0)
     return out
 
 
 def prove_stored(store: FragmentStore, fragment: Fragment,
-                 spill_bytes: int = SPILL_BYTES) -> IO[bytes]:
+                 spill_bytes: int = SPILL_BYTES) -> Proven:
     """Fetch the whole stored object of `fragment`, decompress and prove it (see `prove`).
     FragmentNotFound raises if there is no object; other StoreErrors as the store says."""
     key = fragment_key(fragment)
@@ -168,30 +211,28 @@ def report_corrupt(store_url: str, key: str, why: str) -> None:
     log.error("fragment corrupt", store=store_url, key=key, reason=why)
 
 
-def mend(store: FragmentStore, fragment: Fragment, content: IO[bytes]) -> bool:
+def mend(store: FragmentStore, fragment: Fragment, content: Proven) -> bool:
     """Persist `content` (proven raw content) again under the fragment's key in `store`;
     False (logged) when the store refuses."""
     from .persist import persist_fragment
 
-    start = content.tell()
     try:
-        persist_fragment(store, fragment, iter(lambda: content.read(READ_CHUNK), b""))
+        persist_fragment(store, fragment, content.chunks())
     except StoreError as exc:
         log.warning("fragment not mended", store=store.url, key=fragment_key(fragment),
                     error=str(exc))
         return False
-    finally:
-        content.seek(start)
     MENDED.labels(store.url).inc()
     log.info("fragment mended", store=store.url, key=fragment_key(fragment))
     return True
 
 
-def _stream(content: IO[bytes], skip: int, chunk: int) -> Iterator[bytes]:
+def _stream(content: Proven, skip: int, chunk: int) -> Iterator[bytes]:
     try:
-        content.seek(skip)
-        while data := content.read(chunk):
-            yield data
+        for data in content.chunks(skip, chunk):
+            # Held chunks may be larger than asked for (a decompressor's 1 MiB).
+            for i in range(0, len(data), chunk):
+                yield data[i:i + chunk] if len(data) > chunk else data
     finally:
         content.close()
 
@@ -238,7 +279,7 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
     corrupt: list[FragmentStore] = []
     missing: list[FragmentStore] = []
     first_error: StoreError | None = None
-    good: IO[bytes] | None = None
+    good: Proven | None = None
     for candidate in candidates:
         try:
             good = prove_stored(candidate, fragment, spill_bytes)

@@ -94,7 +94,7 @@ def _content(url: str, fragment: Fragment, offset: int,
             raise FragmentCorrupt(f"journal {fragment.journal}: fragment {fragment_name(fragment)} "
                                   f"read from {where} is corrupt: {exc}", where, key,
                                   fragment.journal, fragment_name(fragment), (where,)) from None
-        chunks = iter(lambda: proven.read(CHUNK), b"")
+        chunks = proven.chunks(0, CHUNK)
     try:
         for chunk in chunks:
             if skip:
