@@ -23,6 +23,11 @@ A copy that fails its proof is:
 * mended — once a good copy was found, it is persisted again under the original key
   in every store whose copy was corrupt (`quire_fragment_mended_total`).
 
+With `cache=True` (the batch readers) proven content held in memory is also kept in a
+small per-process cache (`CACHE_BYTES`, least recently used out first), keyed by store
+and key: a batch reader that reads past its span into the next fragment (to finish a
+message) and then reads that fragment for its own span proves it once, not twice.
+
 Only where no good copy exists does the read fail, with `FragmentCorrupt` naming the
 journal, the fragment and every store whose copy failed.
 
@@ -34,7 +39,11 @@ measuring the cost and for emergencies; its name says what it risks.
 from __future__ import annotations
 
 import hashlib
+import os
+import queue
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
@@ -50,8 +59,15 @@ from .stores.base import READ_CHUNK, FragmentStore
 
 log = get_logger(__name__)
 
-SPILL_BYTES = 16 << 20
-"""Raw content kept in memory while it is proven; past this it spills to a temp file."""
+SPILL_BYTES = int(os.environ.get("QUIRE_VERIFY_SPILL_BYTES", "") or 16 << 20)
+"""Raw content kept in memory while it is proven; past this it spills to a temp file
+(QUIRE_VERIFY_SPILL_BYTES; the memory bound of one verifying read)."""
+HASH_THREAD_BYTES = 1 << 20
+"""Fragments at least this long are hashed on a helper thread while the next chunks are
+fetched and decompressed (hashlib and zlib/zstd release the GIL): on an idle core the
+proof then costs almost no wall time."""
+CACHE_BYTES = 64 << 20
+"""Proven in-memory content kept per process for the next read of the same fragment."""
 QUARANTINE_PREFIX = ".quire/quarantine/"
 """Where a corrupt object is moved, under its original key (same store)."""
 
@@ -99,6 +115,7 @@ class Proven:
         self.size = 0
         self._mem: list[bytes] = []
         self._file: IO[bytes] | None = None
+        self.shared = False
 
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -127,11 +144,50 @@ class Proven:
             yield held[skip:] if skip else held
             skip = 0
 
+    @property
+    def in_memory(self) -> bool:
+        return self._file is None
+
     def close(self) -> None:
+        if self.shared:
+            return  # cached: dropped (not closed) on eviction; its chunks are immutable
         self._mem = []
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class _Cache:
+    """Proven in-memory content by fragment name, at most CACHE_BYTES in all."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: OrderedDict[str, Proven] = OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, name: str) -> Proven | None:
+        with self.lock:
+            hit = self.held.get(name)
+            if hit is not None:
+                self.held.move_to_end(name)
+            return hit
+
+    def put(self, name: str, proven: Proven) -> None:
+        if not proven.in_memory or proven.size > self.limit:
+            return
+        with self.lock:
+            if name in self.held:
+                return
+            proven.shared = True
+            self.held[name] = proven
+            self.size += proven.size
+            while self.size > self.limit:
+                _, old = self.held.popitem(last=False)
+                self.size -= old.size
+
+
+_CACHE = _Cache(CACHE_BYTES)
 
 
 def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: str = "",
@@ -141,6 +197,7 @@ def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: s
     key = key or fragment_key(fragment)
     expected = fragment.content_length
     out = Proven(spill_bytes)
+    hasher = _Hasher() if expected >= HASH_THREAD_BYTES else None
     sha, total = hashlib.sha1(), 0
     try:
         for chunk in raw_chunks:
@@ -148,17 +205,47 @@ def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: s
             if total > expected:
                 raise ChecksumMismatch(f"content is longer than the fragment's {expected} bytes",
                                        url, key)
-            sha.update(chunk)
+            if hasher is not None:
+                hasher.put(chunk)
+            else:
+                sha.update(chunk)
             out.write(chunk)
         if total != expected:
             raise ChecksumMismatch(f"content has {total} bytes, the fragment {expected}", url, key)
-        if sha.hexdigest() != fragment.sum:
-            raise ChecksumMismatch(f"content SHA-1 {sha.hexdigest()} != fragment sum {fragment.sum}",
+        digest = hasher.digest() if hasher is not None else sha.hexdigest()
+        hasher = None
+        if digest != fragment.sum:
+            raise ChecksumMismatch(f"content SHA-1 {digest} != fragment sum {fragment.sum}",
                                    url, key)
     except BaseException:
         out.close()
         raise
+    finally:
+        if hasher is not None:
+            hasher.digest()  # stop the helper thread
     return out
+
+
+class _Hasher:
+    """SHA-1 on a helper thread, fed chunks in order (a bounded queue: a few chunks ahead)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha1()
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self.thread = threading.Thread(target=self._run, name="quire-sha1", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self.q.get()) is not None:
+            self.sha.update(chunk)
+
+    def put(self, chunk: bytes) -> None:
+        self.q.put(chunk)
+
+    def digest(self) -> str:
+        self.q.put(None)
+        self.thread.join()
+        return self.sha.hexdigest()
 
 
 def prove_stored(store: FragmentStore, fragment: Fragment,
@@ -245,6 +332,7 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
                   mend_corrupt: bool = True,
                   spill_bytes: int = SPILL_BYTES,
                   chunk: int = READ_CHUNK,
+                  cache: bool = False,
                   unverified_reads_risk_corruption: bool = False) -> Iterator[bytes]:
     """Proven raw content of `fragment` from `offset` (default its begin) to its end.
 
@@ -254,6 +342,7 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
     failed before it was reported and quarantined, and is mended from it
     (`mend_corrupt`). Everything happens before this returns: FragmentNotFound (no copy
     anywhere), FragmentCorrupt (copies, none good) or the first StoreError raise here.
+    `cache`: take and keep proven content in the per-process cache (batch readers).
     """
     opener = open_store
     if opener is None:
@@ -271,6 +360,11 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
         VERIFIED.labels("unverified").inc()
         return read_fragment(first, fragment, start, verify=False)
 
+    name = f"{first.url if first is not None else ''}{fragment_key(fragment)}"
+    cached = _CACHE.get(name) if cache else None
+    if cached is not None:
+        VERIFIED.labels("cached").inc()
+        return _stream(cached, start - fragment.begin, chunk)
     candidates: list[FragmentStore] = [first] if first is not None else []
     for url in stores:
         if url and all(url != c.url for c in candidates):
@@ -325,6 +419,8 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
         if mend_corrupt:
             for bad in corrupt + missing:
                 mend(bad, fragment, good)
+    if cache:
+        _CACHE.put(name, good)
     return _stream(good, start - fragment.begin, chunk)
 
 

@@ -85,7 +85,8 @@ def fragment_chunks(fragment: Fragment, offset: int, ref: StoreRef,
         from fragment_store.verified import read_verified
 
         return read_verified(fragment, offset, store=store, stores=(ref.url, *ref.stores),
-                             open_store=ref.open, chunk=READ_PAST_CHUNK if read_past else 1 << 20)
+                             open_store=ref.open, chunk=READ_PAST_CHUNK if read_past else 1 << 20,
+                             cache=True)
     if not read_past or fragment.codec.value == "none" or offset != fragment.begin:
         return read_fragment(store, fragment, offset, verify=False)
     from fragment_store.codecs import decompress_chunks
