@@ -5,10 +5,11 @@ Layer 2: imports `protocol` and third-party libraries only.
     keys      content-addressed object keys (fragment_key / parse_key)
     codecs    none / gzip / zstd / snappy / gzip-offload, streaming
     stores    FragmentStore (file://, s3://) and open_store(url)
-    persist   persist_fragment / read_fragment / list_fragments
+    persist   persist_fragment / list_fragments (and the unproven stream_unverified)
+    proof     prove / prove_stored: the SHA-1 proof, quarantine, metrics
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
-    verified  read_verified — the one verifying reader (proof before any byte, fallback
+    verified  read_fragment / read_verified — the one verifying reader (proof before any byte, fallback
               to other copies, quarantine, mend); FragmentCorrupt
     stats     store_stats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
@@ -36,9 +37,15 @@ from .persist import (
     fragment_url,
     list_fragments,
     persist_fragment,
-    read_fragment,
 )
-from .verified import FragmentCorrupt, prove_stored, quarantine, read_verified, verify_stored
+from .verified import (
+    FragmentCorrupt,
+    prove_stored,
+    quarantine,
+    read_fragment,
+    read_verified,
+    verify_stored,
+)
 from .stores import (
     HEALTH_KEY,
     FileStore,

@@ -6,11 +6,10 @@ and sum), so a wrong or short fragment never becomes visible under its content-a
 key. Because the key is content-addressed, an object already under it *is* this
 fragment: persisting again is a no-op (idempotent retries, several replicas racing).
 
-`read_fragment` is the reverse. By default it is `verified.read_verified` on this one
-store: the whole object is fetched, decompressed and proven by its SHA-1 before any byte
-is handed on (a corrupt copy is quarantined and FragmentCorrupt raised). Only with
-`verify=False` (what `unverified_reads_risk_corruption` selects) does it stream the
-object as stored, checking the length when the stream ends and nothing else.
+Reading is in `verified` (`read_fragment`, `read_verified`: proven before any byte is
+handed on); `stream_unverified` here is the unproven stream they use only when asked to
+(`unverified_reads_risk_corruption`): the object as stored, its length checked when the
+stream ends and nothing else.
 """
 
 from __future__ import annotations
@@ -93,20 +92,12 @@ def persist_fragment(store: FragmentStore, fragment: Fragment, raw_chunks: Raw) 
     return msgspec.structs.replace(fragment, backing_store=store.url, mod_time=info.mod_time)
 
 
-def read_fragment(store: FragmentStore, fragment: Fragment, offset: int | None = None, *,
-                  verify: bool = True) -> Iterator[bytes]:
-    """Raw content of a persisted fragment from `offset` (default: its begin) to its end.
-
-    `verify` (the default): proven before the first byte (fragment_store.verified), a
-    corrupt copy quarantined, FragmentCorrupt raised — callers wanting other copies tried
-    call `read_verified` with the journal's stores. `verify=False`: the object is opened
-    now (FragmentNotFound raises here) and streamed unproven; only its length is checked,
-    when the stream ends (ChecksumMismatch after the bytes were yielded).
-    """
-    if verify:
-        from .verified import read_verified
-
-        return read_verified(fragment, offset, store=store)
+def stream_unverified(store: FragmentStore, fragment: Fragment,
+                      offset: int | None = None) -> Iterator[bytes]:
+    """Raw content of a persisted fragment from `offset` (default: its begin) to its end,
+    NOT proven: a rotten byte reaches the caller. The object is opened now
+    (FragmentNotFound raises here); the length is checked when the stream ends
+    (ChecksumMismatch after the bytes were yielded). Use verified.read_fragment."""
     key = fragment_key(fragment)
     start = fragment.begin if offset is None else offset
     if not fragment.begin <= start <= fragment.end:
@@ -118,20 +109,17 @@ def read_fragment(store: FragmentStore, fragment: Fragment, offset: int | None =
     else:
         stored = store.get(key)
         expected = fragment.content_length
-    return _raw(stored, fragment, key, store.url, skip, expected, False)
+    return _raw(stored, fragment, key, store.url, skip, expected)
 
 
 def _raw(stored: Iterator[bytes], fragment: Fragment, key: str, url: str, skip: int,
-         expected: int, verify: bool) -> Iterator[bytes]:
-    sha = hashlib.sha1() if verify else None
+         expected: int) -> Iterator[bytes]:
     total = 0
     try:
         for chunk in decompress_chunks(fragment.codec, stored):
             total += len(chunk)
             if total > expected:
                 raise ChecksumMismatch(f"fragment content is longer than {expected} bytes", url, key)
-            if sha is not None:
-                sha.update(chunk)
             if skip >= len(chunk):
                 skip -= len(chunk)
                 continue
@@ -144,8 +132,6 @@ def _raw(stored: Iterator[bytes], fragment: Fragment, key: str, url: str, skip: 
             close()
     if total != expected:
         raise ChecksumMismatch(f"fragment content has {total} bytes, expected {expected}", url, key)
-    if sha is not None and sha.hexdigest() != fragment.sum:
-        raise ChecksumMismatch(f"fragment content SHA-1 {sha.hexdigest()} != {fragment.sum}", url, key)
 
 
 def list_fragments(store: FragmentStore, journal: str) -> list[Fragment]:
