@@ -204,20 +204,22 @@ def main(argv: list[str] | None = None) -> int:
                 # Interleave the three reads and compare within a round: on a shared
                 # machine the load moves between rounds more than within one.
                 unverified = {**options, "unverifiedReadsRiskCorruption": "true"}
-                for _ in range(args.repeat):
-                    r: dict[str, float] = {"raw": raw_read(store, fragments)[1]}
-                    r["raw_verified"] = raw_read(store, fragments, verify=True)[1]
-                    r["serial"] = serial_read(url, unverified)[1]
-                    r["serial_verified"] = serial_read(url, options)[1]
-                    n, dask_parts, r["dask"] = dask_read(url, unverified)
-                    assert n == raw_bytes, (n, raw_bytes)
-                    n, dask_parts, r["dask_verified"] = dask_read(url, options)
-                    assert n == raw_bytes, (n, raw_bytes)
+                for i in range(args.repeat):
+                    # Verified and unverified alternate which goes first, round by round.
+                    modes = [("", False, unverified), ("_verified", True, options)]
+                    modes = modes if i % 2 == 0 else modes[::-1]
+                    r: dict[str, float] = {}
+                    for suffix, verify, opts in modes:
+                        r["raw" + suffix] = raw_read(store, fragments, verify=verify)[1]
+                    for suffix, verify, opts in modes:
+                        r["serial" + suffix] = serial_read(url, opts)[1]
+                    for suffix, verify, opts in modes:
+                        n, dask_parts, r["dask" + suffix] = dask_read(url, opts)
+                        assert n == raw_bytes, (n, raw_bytes)
                     if spark is not None:
-                        n, spark_parts, r["spark"] = spark_read(spark, url, unverified)
-                        assert n == raw_bytes, (n, raw_bytes)
-                        n, spark_parts, r["spark_verified"] = spark_read(spark, url, options)
-                        assert n == raw_bytes, (n, raw_bytes)
+                        for suffix, verify, opts in modes:
+                            n, spark_parts, r["spark" + suffix] = spark_read(spark, url, opts)
+                            assert n == raw_bytes, (n, raw_bytes)
                     rounds.append(r)
             finally:
                 if spark is not None:

@@ -32,6 +32,9 @@ log = get_logger(__name__)
 SPILL_BYTES = int(os.environ.get("QUIRE_VERIFY_SPILL_BYTES", "") or 16 << 20)
 """Raw content kept in memory while it is proven; past this it spills to a temp file
 (QUIRE_VERIFY_SPILL_BYTES; the memory bound of one verifying read)."""
+BATCH_SPILL_BYTES = max(SPILL_BYTES, 64 << 20)
+"""The spill bound of batch readers (Spark and Dask tasks): their memory is the engine's
+to size, and spilling a 32 MiB fragment to disk costs more than its SHA-1."""
 HASH_THREAD_BYTES = 1 << 20
 """Fragments at least this long are hashed on a helper thread while the next chunks are
 fetched and decompressed (hashlib and zlib/zstd release the GIL): on an idle core the

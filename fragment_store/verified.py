@@ -49,6 +49,7 @@ from .keys import fragment_key, fragment_name
 from .persist import persist_fragment, stream_unverified
 from .proof import (
     _CACHE,
+    BATCH_SPILL_BYTES,
     CACHE_BYTES,
     CORRUPT,
     MENDED,
@@ -67,7 +68,7 @@ from .proof import (
 )
 from .stores.base import READ_CHUNK, FragmentStore
 
-__all__ = ["CACHE_BYTES", "CORRUPT", "MENDED", "QUARANTINED", "QUARANTINE_PREFIX", "SPILL_BYTES",
+__all__ = ["BATCH_SPILL_BYTES", "CACHE_BYTES", "CORRUPT", "MENDED", "QUARANTINED", "QUARANTINE_PREFIX", "SPILL_BYTES",
            "VERIFIED", "Extra", "FragmentCorrupt", "Proven", "mend", "prove", "prove_stored",
            "quarantine", "quarantine_key", "read_fragment", "read_verified", "report_corrupt",
            "verify_stored"]

@@ -82,11 +82,11 @@ def fragment_chunks(fragment: Fragment, offset: int, ref: StoreRef,
 
     store = ref.open(fragment.backing_store)
     if ref.verify:
-        from fragment_store.verified import read_verified
+        from fragment_store.verified import BATCH_SPILL_BYTES, read_verified
 
         return read_verified(fragment, offset, store=store, stores=(ref.url, *ref.stores),
                              open_store=ref.open, chunk=READ_PAST_CHUNK if read_past else 1 << 20,
-                             cache=True)
+                             cache=True, spill_bytes=BATCH_SPILL_BYTES)
     if not read_past or fragment.codec.value == "none" or offset != fragment.begin:
         return read_fragment(store, fragment, offset, verify=False)
     from fragment_store.codecs import decompress_chunks
