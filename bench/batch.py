@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--s3", action="store_true", help="use a moto S3 server instead of a file store")
     p.add_argument("--skip-spark", action="store_true")
     args = p.parse_args(argv)
+    # Rounds re-read the same fragments: a proven-content cache would serve verified reads
+    # from memory across rounds. Off here (and in Spark's Python workers, which inherit it).
+    os.environ["QUIRE_VERIFY_CACHE_BYTES"] = "0"
 
     from fragment_store import open_store
 

@@ -39,8 +39,9 @@ HASH_THREAD_BYTES = 1 << 20
 """Fragments at least this long are hashed on a helper thread while the next chunks are
 fetched and decompressed (hashlib and zlib/zstd release the GIL): on an idle core the
 proof then costs almost no wall time."""
-CACHE_BYTES = 64 << 20
-"""Proven in-memory content kept per process for the next read of the same fragment."""
+CACHE_BYTES = int(os.environ.get("QUIRE_VERIFY_CACHE_BYTES", "") or 64 << 20)
+"""Proven in-memory content kept per process for the next read of the same fragment
+(batch readers; QUIRE_VERIFY_CACHE_BYTES, `0` = none)."""
 QUARANTINE_PREFIX = ".quire/quarantine/"
 """Where a corrupt object is moved, under its original key (same store)."""
 
