@@ -96,6 +96,10 @@ class Status(enum.IntEnum):
     1.5 MiB by default). The message names the limit and the flag that makes smaller
     transactions (`--max-txn-size`). Nothing of that transaction was written; not
     retriable as it is."""
+    FRAGMENT_CORRUPT = 71
+    """A read reached a persisted fragment whose every stored copy failed its SHA-1
+    proof (fragment_store/verified.py) and no member holds it: the message names the
+    journal, the fragment and the stores. No byte of it was sent."""
 
     @property
     def retriable(self) -> bool:

@@ -27,7 +27,7 @@ from workers.config import WorkerSettings, load_worker_settings
 from workers.jobs_schedule import JOB_ROUTES, JOB_TASK_MODULES, job_beat
 
 TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse",
-                "workers.prune", *JOB_TASK_MODULES]
+                "workers.prune", "workers.scrub", *JOB_TASK_MODULES]
 
 QUEUES = ("persist", "index", "pulse", "prune", "jobs")
 
@@ -76,6 +76,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
             "workers.index.*": {"queue": "index"},
             "workers.pulse.*": {"queue": "pulse"},
             "workers.prune.*": {"queue": "prune"},
+            "workers.scrub.*": {"queue": "prune"},  # maintenance, beside retention
             **JOB_ROUTES,
         },
         task_default_queue="celery",
@@ -99,6 +100,11 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
                 "task": "workers.prune.sweep",
                 "schedule": worker.prune_interval,
                 "options": {"queue": "prune", "expires": worker.prune_interval},
+            },
+            "scrub-sweep": {
+                "task": "workers.scrub.sweep",
+                "schedule": worker.scrub_interval,
+                "options": {"queue": "prune", "expires": worker.scrub_interval},
             },
             "pulse-sweep": {
                 "task": "workers.pulse.sweep",

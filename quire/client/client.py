@@ -374,11 +374,15 @@ class Client(MetadataCalls):
     # -- read -----------------------------------------------------------------------
 
     def read(self, journal: str, offset: int = 0, *, block: bool = False, follow: bool = False,
-             end_offset: int = 0, from_store: bool = False) -> Reader:
-        """An async iterator of (offset, bytes). See Reader for the offset-jump rule."""
+             end_offset: int = 0, from_store: bool = False,
+             unverified_reads_risk_corruption: bool = False) -> Reader:
+        """An async iterator of (offset, bytes). See Reader for the offset-jump rule.
+        `from_store` fragments are proven by their SHA-1 unless
+        `unverified_reads_risk_corruption` (docs/integrity.md)."""
         validate_journal_name(journal, "journal")
         return Reader(self, journal, offset, block=block, follow=follow, end_offset=end_offset,
-                      from_store=from_store)
+                      from_store=from_store,
+                      unverified_reads_risk_corruption=unverified_reads_risk_corruption)
 
     async def write_head(self, journal: str) -> int:
         """The journal's current write head (a non-blocking metadata read at -1)."""

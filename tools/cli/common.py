@@ -59,6 +59,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_NOT_ALLOWED = 3, 4, 5
 EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_PROTOCOL, EXIT_INTERRUPTED = 6, 7, 8, 130
 EXIT_OUTCOME_UNKNOWN = 9
+EXIT_CORRUPT = 10
 
 _STATUS_EXIT = {
     Status.JOURNAL_NOT_FOUND: EXIT_NOT_FOUND,
@@ -79,6 +80,7 @@ _STATUS_EXIT = {
     Status.SPOOL_FULL: EXIT_UNAVAILABLE,
     Status.SPOOL_FAILED: EXIT_UNAVAILABLE,
     Status.ETCD_LIMIT_EXCEEDED: EXIT_INVALID,
+    Status.FRAGMENT_CORRUPT: EXIT_CORRUPT,
 }
 
 
@@ -121,6 +123,10 @@ def exit_code_for(exc: BaseException) -> int:
         return exit_code_for(exc.cause)
     if isinstance(exc, StatusError):
         return _STATUS_EXIT.get(exc.status, EXIT_UNAVAILABLE)
+    from fragment_store.verified import FragmentCorrupt
+
+    if isinstance(exc, FragmentCorrupt):
+        return EXIT_CORRUPT
     if isinstance(exc, (ValidationError, ValueError)):
         return EXIT_INVALID
     if isinstance(exc, ProtocolError):

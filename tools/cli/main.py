@@ -22,6 +22,7 @@ from typer import _click as click  # typer >= 0.29 vendors click; its commands a
 from typer.core import TyperGroup
 
 from . import auth, doctor, env, io, jobs, journals, shards, topology
+from . import fragments_verify  # noqa: F401 - registers `quire fragments verify`
 from .common import EXIT_INTERRUPTED, error_line, exit_code_for
 
 ENTRY_POINT_GROUP = "quire.commands"
