@@ -21,8 +21,9 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 PYTEST_ARGS ?=
 # The suite runs in parallel (pytest-xdist): its tests mostly wait on real services, so
 # four workers keep two cores busy. Each worker starts its own etcd, redis-server and S3
-# server; a file's tests stay on one worker, and every Spark test on one (tests/conftest.py).
-# PYTEST_WORKERS=0 runs it in one process.
+# server (and a SparkSession once one of its files needs it); a file's tests run on one
+# worker, in order (--dist loadfile), so a module's cluster starts once and a test finds
+# what an earlier test of its file left. PYTEST_WORKERS=0 runs the suite in one process.
 PYTEST_WORKERS ?= 4
 
 # `make compose-images` / `make compose-test` only (compose/README.md): Docker's engine and
@@ -61,7 +62,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 # stdin from /dev/null and no cache dir: identical under CI=true, cron or a terminal.
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=30 \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30 \
 	  $(PYTEST_ARGS) tests/ </dev/null
 
 run: install

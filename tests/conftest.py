@@ -121,17 +121,3 @@ _worker_leftovers: list[str] = []
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:  # pytest-xdist's hook
     _worker_leftovers.extend(getattr(node, "workeroutput", {}).get("quire_leftovers", []))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (`--dist loadgroup`, as `make test` runs it) a file's tests run on
-    # one worker, so a module-scoped cluster starts once, and every test that needs the
-    # JVM runs on one worker, so one SparkSession serves them all.
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        if item.get_closest_marker("spark") is not None or "spark" in getattr(item, "fixturenames", ()):
-            group = "spark"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
