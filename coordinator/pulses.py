@@ -8,7 +8,8 @@ idle journal's fragment is flushed and the replicas' health is checked).
 
 Pulses are one-shot tasks (an idle journal costs none), at most PULSE_CONCURRENCY at a
 time, each retried with backoff up to PULSE_ATTEMPTS times while the route it was for is
-still ours. A pulse that ends without syncing asks Hosting to re-evaluate (`changed`).
+still ours. A pulse that ends without syncing asks Hosting to re-evaluate its journal
+(`changed(journal)`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class _Barrier:
 class Pulses:
     def __init__(self, server: Host, resolve_now: Callable[[str], Resolution],
                  spawn: Callable[[Coroutine[Any, Any, None], str], None],
-                 changed: asyncio.Event, interval: float) -> None:
+                 changed: Callable[[str], None], interval: float) -> None:
         self.server = server
         self._resolve_now = resolve_now
         self._spawn = spawn
@@ -117,7 +118,7 @@ class Pulses:
         finally:
             self._running.discard(journal)
             if self._synced.get(journal) != route:
-                self._changed.set()  # re-evaluate (another attempt if still primary)
+                self._changed(journal)  # re-evaluate (another attempt if still primary)
 
     async def run(self) -> None:
         """Periodic pulse of every journal we are primary of (flush interval, health)."""

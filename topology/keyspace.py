@@ -110,6 +110,10 @@ class KeySpace:
         self._task: asyncio.Task[None] | None = None
         self._mods: dict[bytes, int] = {}
         """Every key under the prefix (decodable or not) -> its ModRevision."""
+        self.touched: set[str] | None = None
+        """For `on_change` callbacks: the journals whose spec or assignments the batch
+        changed, or None when anything may have (a (re)load, a member or leader key), so
+        a follower can re-examine those journals alone, not every journal per change."""
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -203,6 +207,7 @@ class KeySpace:
         self.journals, self.members, self._assign = journals, members, assign
         self._set_header(resp.header)
         self.revision = resp.header.revision
+        self.touched = None
         self._notify(changed=True)
         log.debug("keyspace loaded", root=self.root, revision=self.revision,
                   journals=len(journals), members=len(members))
@@ -234,16 +239,35 @@ class KeySpace:
                                                     prefix=True)) as batches:
             async for resp in batches:
                 changed = False
+                touched: set[str] | None = set()
                 for ev in resp.events:
                     if ev.type == rpc.Event.PUT:
                         self._mods[ev.kv.key] = ev.kv.mod_revision
                     else:
                         self._mods.pop(ev.kv.key, None)
                     changed |= self._apply(ev)
+                    touched = self._touch(touched, ev.kv.key)
+                self.touched = touched
                 self._set_header(resp.header)
                 self.revision = max(self.revision, resp.header.revision)
                 self._notify(changed)
         raise WatchEnded("watch stream closed")
+
+    def _touch(self, touched: set[str] | None, raw_key: bytes) -> set[str] | None:
+        """`touched` with the journal of a spec or assignment key; None for any other."""
+        if touched is None:
+            return None
+        key = raw_key.decode(errors="replace")
+        try:
+            if key.startswith(journals_prefix(self.root)):
+                touched.add(parse_journal_key(self.root, key))
+                return touched
+            if key.startswith(assign_prefix(self.root)):
+                touched.add(parse_assignment_key(self.root, key)[0])
+                return touched
+        except (MalformedKey, ValueError):
+            pass
+        return None
 
     def _set_header(self, header: Any) -> None:
         self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,

@@ -214,3 +214,23 @@ async def test_keyspace_survives_etcd_restart(etcd_root: str) -> None:
                 await wait_until(ks, lambda: "logs/later" in ks.journals, 5)
         finally:
             await c.close()
+
+
+async def test_touched_names_the_journals_a_batch_changed(client: aetcd.Client,
+                                                          etcd_root: str) -> None:
+    """Followers re-examine the journals a batch touched (coordinator/hosting.py);
+    a member key (or a re-list) touches everything: None."""
+    seen: list[set[str] | None] = []
+    async with KeySpace(client, etcd_root) as ks:
+        ks.on_change.append(lambda k: seen.append(None if k.touched is None else set(k.touched)))
+        assert ks.touched is None  # the load
+        rev = await add_journal(client, etcd_root, "touch/a")
+        assert await ks.wait_for_revision(rev, timeout=5)
+        assert seen[-1] == {"touch/a"}
+        await assign(client, etcd_root, "touch/b", A, 0)
+        await wait_until(ks, lambda: len(ks.assignments("touch/b")) == 1, 5)
+        assert seen[-1] == {"touch/b"}
+        spec = BrokerSpec(id=B, endpoint="127.0.0.1:1")
+        await client.put(member_key(etcd_root, B).encode(), msgspec.json.encode(spec))
+        await wait_until(ks, lambda: B in ks.members, 5)
+        assert seen[-1] is None
