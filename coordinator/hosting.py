@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-FULL_PASS_INTERVAL = 30.0
+FULL_PASS_INTERVAL = 120.0
 """Seconds without any change after which every hosted journal is re-examined anyway."""
 
 class Hosting:
