@@ -110,6 +110,8 @@ class KeySpace:
         self._task: asyncio.Task[None] | None = None
         self._mods: dict[bytes, int] = {}
         """Every key under the prefix (decodable or not) -> its ModRevision."""
+        self._catching_up: asyncio.Future[None] | None = None
+        """The prefix read under way (`_catch_up`): concurrent waiters share it."""
         self.touched: set[str] | None = None
         """For `on_change` callbacks: the journals whose spec or assignments the batch
         changed, or None when anything may have (a (re)load, a member or leader key), so
@@ -170,6 +172,23 @@ class KeySpace:
         return True
 
     async def _catch_up(self) -> None:
+        """`_read_to_catch_up`, shared by every caller while one is under way: a burst of
+        waiters (every replicate stream of a route change) costs etcd one read of the
+        whole prefix, not one each."""
+        fut = self._catching_up
+        if fut is None:
+            fut = self._catching_up = asyncio.ensure_future(self._read_to_catch_up())
+
+            def done(f: asyncio.Future[None]) -> None:
+                if self._catching_up is f:
+                    self._catching_up = None
+                if not f.cancelled():
+                    f.exception()  # (retrieved: every waiter may have gone)
+
+            fut.add_done_callback(done)
+        await asyncio.shield(fut)
+
+    async def _read_to_catch_up(self) -> None:
         """Advance `revision` to etcd's current one if nothing under our prefix changed.
 
         The revision may belong to a write outside our prefix that no event announces.

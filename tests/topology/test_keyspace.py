@@ -234,3 +234,28 @@ async def test_touched_names_the_journals_a_batch_changed(client: aetcd.Client,
         await client.put(member_key(etcd_root, B).encode(), msgspec.json.encode(spec))
         await wait_until(ks, lambda: B in ks.members, 5)
         assert seen[-1] is None
+
+
+async def test_concurrent_catch_ups_share_one_prefix_read(client: aetcd.Client,
+                                                          etcd_root: str) -> None:
+    """Many waiters for a revision written outside the prefix (no event will announce
+    it) cost etcd one read of the prefix at a time, not one each."""
+    await add_journal(client, etcd_root, "share/a")
+    async with KeySpace(client, etcd_root) as ks:
+        reads = 0
+        real = client.get_prefix
+
+        async def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            nonlocal reads
+            reads += 1
+            return await real(*args, **kwargs)
+
+        client.get_prefix = counted  # type: ignore[method-assign]
+        try:
+            outside = await client.put(f"{etcd_root}-elsewhere/x".encode(), b"1")
+            rev = outside.header.revision
+            waiters = [ks.wait_for_revision(rev, timeout=10) for _ in range(50)]
+            assert all(await asyncio.gather(*waiters))
+        finally:
+            client.get_prefix = real  # type: ignore[method-assign]
+        assert 1 <= reads < 10, reads
