@@ -55,6 +55,7 @@ __all__ = ["APPLY_CHUNK", "GOALS", "derive", "full_routes", "journal_limit", "ma
 
 APPLY_CHUNK = 100
 """Specs per apply (one etcd transaction; etcd's default limit is 128 operations)."""
+APPLY_ATTEMPTS = 3
 REPLICATION = 3
 COORDINATORS = 5
 APPEND_TASKS = 64
@@ -112,17 +113,17 @@ def derive(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     """Per-replica costs over the empty coordinators and the ratios to the base run."""
     out: dict[str, Any] = {}
     per_rss, per_fds = [], []
-    for c, empty in zip(run["coordinators"], run["empty"]):
+    for c, empty in zip(run.get("coordinators", []), run.get("empty", [])):
         n = c.get("replicas") or 0
         if n > 0:
             per_rss.append((c["rss_kib"] - empty["rss_kib"]) / n)
             per_fds.append((c["fds"] - empty["fds"]) / n)
     out["rss_kib_per_replica"] = max(per_rss) if per_rss else None
     out["fds_per_replica"] = max(per_fds) if per_fds else None
-    cpus = [c["idle_cpu_pct"] for c in run["coordinators"]]
+    cpus = [c["idle_cpu_pct"] for c in run.get("coordinators", [])]
     out["idle_cpu_pct_max"] = max(cpus) if cpus else None
     out["idle_cpu_pct_median"] = _median(cpus)
-    if base is not None and base.get("appends_per_s"):
+    if base is not None and base.get("appends_per_s") and run.get("appends_per_s") is not None:
         out["append_ratio"] = run["appends_per_s"] / base["appends_per_s"]
     return out
 
@@ -131,12 +132,25 @@ def _labels() -> LabelSet:
     return LabelSet.of(bench="scale")
 
 
-async def _apply(client: Client, names: list[str], store: str) -> None:
+async def _apply(client: Client, names: list[str], store: str) -> int:
+    """Upsert every spec, APPLY_CHUNK per transaction; a chunk that fails is applied again
+    (an unconditional upsert of the same specs: idempotent), at most APPLY_ATTEMPTS
+    times. Returns how many chunks had to be re-sent."""
+    resent = 0
     for k in range(0, len(names), APPLY_CHUNK):
-        await client.apply([JournalSpec(name=n, replication=REPLICATION, labels=_labels(),
-                                        fragment=FragmentSpec(stores=(store,),
-                                                              compression_codec=Codec.NONE))
-                            for n in names[k:k + APPLY_CHUNK]])
+        specs = [JournalSpec(name=n, replication=REPLICATION, labels=_labels(),
+                             fragment=FragmentSpec(stores=(store,), compression_codec=Codec.NONE))
+                 for n in names[k:k + APPLY_CHUNK]]
+        for attempt in range(APPLY_ATTEMPTS):
+            try:
+                await client.apply(specs)
+                break
+            except Exception:  # noqa: BLE001 - e.g. UNAVAILABLE from an overloaded member
+                if attempt == APPLY_ATTEMPTS - 1:
+                    raise
+                resent += 1
+                await asyncio.sleep(1.0)  # backoff before the same chunk again
+    return resent
 
 
 async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
@@ -215,7 +229,7 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         client = Client(cluster.endpoints, retry_timeout=60)
         try:
             t0 = time.monotonic()
-            await _apply(client, names, cluster.store)
+            run["apply_resent_chunks"] = await _apply(client, names, cluster.store)
             run["apply_s"] = time.monotonic() - t0
         finally:
             await client.close()
@@ -240,6 +254,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         run.update(await _appends(cluster.endpoints, names, append_s))
         say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
             f"({run['append_errors']} errors)")
+    except Exception as exc:  # noqa: BLE001 - reported with what was measured, then stopped
+        run["error"] = repr(exc)
+        say(f"N={n}: failed: {exc!r}")
     finally:
         run["stop_s"] = cluster.stop()
         run["loadavg_end"] = os.getloadavg()
@@ -258,7 +275,7 @@ def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: fl
         run = asyncio.run(_one(n, workdir / f"n{n}", settle=settle, idle=idle,
                                append_s=append_s, say=say))
         run.update(derive(run, base))
-        base = base or run
+        base = base or (run if run.get("appends_per_s") else None)
         out["runs"].append(run)
         shutil.rmtree(workdir / f"n{n}", ignore_errors=True)
     return out
@@ -284,7 +301,12 @@ def render(result: dict[str, Any]) -> str:
                      f(r.get("etcd_db_bytes", 0) / 1e6), f(r.get("appends_per_s"), 0),
                      f(r.get("append_ratio"), 2), f(r.get("stop_s"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    lines += [f"N={r['journals']}: {r['full_routes']}/{r['journals']} routes full when the "
+              "wait ended" for r in result["runs"] if r.get("full_s") is None
+              and r.get("full_routes") is not None]
+    return "\n".join(lines)
 
 
 def _terminate(signum: int, _frame: Any) -> None:

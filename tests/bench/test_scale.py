@@ -68,6 +68,12 @@ def test_derive_per_replica_costs_and_ratios() -> None:
     assert out["idle_cpu_pct_max"] == 4.0 and out["idle_cpu_pct_median"] == 3.0
     assert out["append_ratio"] == 0.8
     assert "append_ratio" not in derive(run, None)
+    failed = {"journals": 10000, "error": "Unavailable(...)", "empty": run["empty"]}
+    assert derive(failed, {"appends_per_s": 1000.0}) == {
+        "rss_kib_per_replica": None, "fds_per_replica": None, "idle_cpu_pct_max": None,
+        "idle_cpu_pct_median": None}
+    table = render({"runs": [{**run, "journals": 10, **out}, failed]})
+    assert "N=10000: Unavailable(...)" in table
 
 
 def test_metric_values_reads_unlabelled_samples() -> None:
