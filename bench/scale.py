@@ -239,7 +239,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n})")
         await asyncio.sleep(settle)
         pids = cluster.coordinator_pids()
+        others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}
         before = [cpu_seconds(p) for p in pids]
+        before_others = {k: cpu_seconds(p) for k, p in others.items()}
         t0 = time.monotonic()
         await asyncio.sleep(idle)
         span = time.monotonic() - t0
@@ -247,8 +249,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         run["coordinators"] = _sample(cluster)
         for st, pct in zip(run["coordinators"], cpu):
             st["idle_cpu_pct"] = pct
-        others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}
-        run["others"] = {k: proc_stats(p) for k, p in others.items()}
+        run["others"] = {k: {**proc_stats(p), "idle_cpu_pct":
+                             100 * (cpu_seconds(p) - before_others[k]) / span}
+                         for k, p in others.items()}
         run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
         say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
         run.update(await _appends(cluster.endpoints, names, append_s))
