@@ -299,7 +299,7 @@ def render(result: dict[str, Any]) -> str:
                      f(max((c["rss_kib"] for c in cs), default=None) / 1024 if cs else None),
                      f(r.get("rss_kib_per_replica")),
                      f(max((c["fds"] for c in cs), default=None)), f(r.get("fds_per_replica"), 2),
-                     f(max((c.get("tasks", 0) for c in cs), default=None)),
+                     f(max((c["tasks"] for c in cs if "tasks" in c), default=None)),
                      f(r.get("idle_cpu_pct_max")), f(r.get("etcd_keys")),
                      f(r.get("etcd_db_bytes", 0) / 1e6), f(r.get("appends_per_s"), 0),
                      f(r.get("append_ratio"), 2), f(r.get("stop_s"))))
