@@ -115,12 +115,12 @@ def derive(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     per_rss, per_fds = [], []
     for c, empty in zip(run.get("coordinators", []), run.get("empty", [])):
         n = c.get("replicas") or 0
-        if n > 0:
+        if n > 0 and "rss_kib" in c and "rss_kib" in empty:
             per_rss.append((c["rss_kib"] - empty["rss_kib"]) / n)
             per_fds.append((c["fds"] - empty["fds"]) / n)
     out["rss_kib_per_replica"] = max(per_rss) if per_rss else None
     out["fds_per_replica"] = max(per_fds) if per_fds else None
-    cpus = [c["idle_cpu_pct"] for c in run.get("coordinators", [])]
+    cpus = [c["idle_cpu_pct"] for c in run.get("coordinators", []) if "idle_cpu_pct" in c]
     out["idle_cpu_pct_max"] = max(cpus) if cpus else None
     out["idle_cpu_pct_median"] = _median(cpus)
     if base is not None and base.get("appends_per_s") and run.get("appends_per_s") is not None:
@@ -202,9 +202,12 @@ async def _appends(endpoints: list[str], names: list[str], seconds: float) -> di
 
 
 def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
-    out = []
-    for i, pid in enumerate(cluster.coordinator_pids()):
-        st: dict[str, Any] = dict(proc_stats(pid))
+    out: list[dict[str, Any]] = []
+    for i, svc in enumerate(cluster.coordinators):
+        if not svc.running:  # died: say how, with its last words
+            out.append({"exited": svc.returncode, "log_tail": svc.log_tail(20)})
+            continue
+        st: dict[str, Any] = dict(proc_stats(svc.pid))
         try:
             st.update({("tasks" if k == "quire_asyncio_tasks" else "replicas"): int(v)
                        for k, v in cluster.metrics(i).items()})
@@ -294,7 +297,7 @@ def render(result: dict[str, Any]) -> str:
         return "-" if v is None else (f"{v:,.{d}f}" if isinstance(v, float) else str(v))
 
     for r in result["runs"]:
-        cs = r.get("coordinators", [])
+        cs = [c for c in r.get("coordinators", []) if "rss_kib" in c]
         rows.append((str(r["journals"]), f(r.get("apply_s")), f(r.get("full_s")),
                      f(max((c["rss_kib"] for c in cs), default=None) / 1024 if cs else None),
                      f(r.get("rss_kib_per_replica")),
@@ -306,6 +309,9 @@ def render(result: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    lines += [f"N={r['journals']}: coordinator {i} exited ({c['exited']})"
+              for r in result["runs"] for i, c in enumerate(r.get("coordinators", []))
+              if "exited" in c]
     lines += [f"N={r['journals']}: {r['full_routes']}/{r['journals']} routes full when the "
               "wait ended" for r in result["runs"] if r.get("full_s") is None
               and r.get("full_routes") is not None]
@@ -337,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     result["loadavg_end"] = os.getloadavg()
-    print(render(result))
-    if args.json:
+    if args.json:  # first: a figure is never lost to a rendering bug
         Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(render(result))
     return 0
 
 

@@ -74,6 +74,10 @@ def test_derive_per_replica_costs_and_ratios() -> None:
         "idle_cpu_pct_median": None}
     table = render({"runs": [{**run, "journals": 10, **out}, failed]})
     assert "N=10000: Unavailable(...)" in table
+    died = {**run, "journals": 1000, "coordinators": [
+        run["coordinators"][0], {"exited": -9, "log_tail": "", "idle_cpu_pct": 0.0}]}
+    assert derive(died, None)["rss_kib_per_replica"] == 64.0
+    assert "N=1000: coordinator 1 exited (-9)" in render({"runs": [died]})
 
 
 def test_metric_values_reads_unlabelled_samples() -> None:
