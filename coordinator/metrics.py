@@ -110,6 +110,11 @@ STALE_FRAGMENTS = Counter("quire_stale_fragments_dropped_total",
                           "them: the journal's route holds other bytes at their offsets (a "
                           "tail a later epoch replaced, retired_check.py).")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
+RECONCILED = Counter("quire_hosting_reconciled_total",
+                     "Journals the topology follower examined (hosting.py): a change costs "
+                     "the journals it touched, a full pass every hosted one.")
+ASYNCIO_TASKS = Gauge("quire_asyncio_tasks", "asyncio tasks alive in this coordinator (what "
+                      "grows per journal or per connection: bench/scale.py reads it).")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",
                         "Connections (unauthorized: bad token) and requests (forbidden: "

@@ -116,9 +116,14 @@ class KeySpace:
         self._applied = asyncio.Event()
         """Replaced (after being set) on every applied batch: a broadcast without a lock."""
         self._task: asyncio.Task[None] | None = None
-        self._catching_up: asyncio.Future[None] | None = None
         self._mods: dict[bytes, int] = {}
         """Every key under the prefix (decodable or not) -> its ModRevision."""
+        self._catching_up: asyncio.Future[None] | None = None
+        """The prefix read under way (`_catch_up`): concurrent waiters share it."""
+        self.touched: set[str] | None = None
+        """For `on_change` callbacks: the journals whose spec or assignments the batch
+        changed, or None when anything may have (a (re)load, a member or leader key), so
+        a follower can re-examine those journals alone, not every journal per change."""
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -171,7 +176,7 @@ class KeySpace:
                     if self.revision >= revision:
                         break
                     try:
-                        await self._shared_catch_up()
+                        await self._catch_up()
                     except aetcd.exceptions.ClientError:
                         pass  # etcd unreachable: the watch's events may still arrive
                     if self.revision >= revision:
@@ -197,14 +202,24 @@ class KeySpace:
                 async with asyncio.timeout(left):
                     await self._applied.wait()
 
-    async def _shared_catch_up(self) -> None:
-        """One `_catch_up` read at a time, shared by every waiter that needs one."""
-        task = self._catching_up
-        if task is None or task.done():
-            task = self._catching_up = asyncio.ensure_future(self._catch_up())
-        await asyncio.shield(task)
-
     async def _catch_up(self) -> None:
+        """`_read_to_catch_up`, shared by every caller while one is under way: a burst of
+        waiters (every replicate stream of a route change) costs etcd one read of the
+        whole prefix, not one each."""
+        fut = self._catching_up
+        if fut is None:
+            fut = self._catching_up = asyncio.ensure_future(self._read_to_catch_up())
+
+            def done(f: asyncio.Future[None]) -> None:
+                if self._catching_up is f:
+                    self._catching_up = None
+                if not f.cancelled():
+                    f.exception()  # (retrieved: every waiter may have gone)
+
+            fut.add_done_callback(done)
+        await asyncio.shield(fut)
+
+    async def _read_to_catch_up(self) -> None:
         """Advance `revision` to etcd's current one if nothing under our prefix changed.
 
         The revision may belong to a write outside our prefix that no event announces.
@@ -247,6 +262,7 @@ class KeySpace:
                 self._of.setdefault(a.member, {})[a.journal, a.slot] = a
         self._set_header(resp.header)
         self.revision = resp.header.revision
+        self.touched = None
         self._notify(changed=True)
         log.debug("keyspace loaded", root=self.root, revision=self.revision,
                   journals=len(journals), members=len(members))
@@ -289,6 +305,7 @@ class KeySpace:
         the callbacks for a change they have already seen."""
         through = self.revision
         changed = False
+        touched: set[str] | None = set()
         for ev in resp.events:
             if ev.kv.mod_revision <= through:
                 continue
@@ -297,10 +314,28 @@ class KeySpace:
             else:
                 self._mods.pop(ev.kv.key, None)
             changed |= self._apply(ev)
+            touched = self._touch(touched, ev.kv.key)
+        self.touched = touched
         if resp.header.revision > through:
             self._set_header(resp.header)
             self.revision = resp.header.revision
         self._notify(changed)
+
+    def _touch(self, touched: set[str] | None, raw_key: bytes) -> set[str] | None:
+        """`touched` with the journal of a spec or assignment key; None for any other."""
+        if touched is None:
+            return None
+        key = raw_key.decode(errors="replace")
+        try:
+            if key.startswith(journals_prefix(self.root)):
+                touched.add(parse_journal_key(self.root, key))
+                return touched
+            if key.startswith(assign_prefix(self.root)):
+                touched.add(parse_assignment_key(self.root, key)[0])
+                return touched
+        except (MalformedKey, ValueError):
+            pass
+        return None
 
     def _set_header(self, header: Any) -> None:
         self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,

@@ -84,9 +84,10 @@ def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path
         assert c.cli("append", "-j", name, stdin=LINE).returncode == 0  # rolls the first
     for name in (KEPT, DOOMED, GONE):  # the worker fetched over mTLS and wrote the store
         until(lambda n=name: persisted(c, n), 90, f"{name} to be persisted")
-    # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs.
+    # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs
+    # (one per primary member, pulse_member; pulse_journal for a journal with none yet).
     until(lambda: re.search(r'quire_worker_tasks_total\{outcome="success",'
-                            r'task="workers.pulse.pulse_journal"\} [1-9]', c.worker_metrics()),
+                            r'task="workers.pulse.pulse_(member|journal)"\} [1-9]', c.worker_metrics()),
           60, "a pulse task to succeed")
     assert c.cli("read", "-j", KEPT, "--end-offset", str(len(LINE))).stdout == LINE
     assert c.cli("journals", "delete", DOOMED).returncode == 0  # no --purge: objects stay
