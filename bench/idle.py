@@ -25,7 +25,7 @@ from protocol import (
     ListRequest, ListResponse, Status,
 )
 from protocol.stream import FrameStream
-from tools.lifetime import child_preexec
+from tools.lifetime import dying_with_us
 from tools.services import EtcdService, free_port
 
 BATCH = 100
@@ -105,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = f"127.0.0.1:{free_port()}"
             with open(os.path.join(work, "node.log"), "wb") as log:
                 proc = subprocess.Popen(
-                    coordinator_argv(zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
-                                     root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
-                                     extra=("--journal-limit", str(max(steps) + 24))),
-                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=child_preexec())
+                    dying_with_us(coordinator_argv(
+                        zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
+                        root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
+                        extra=("--journal-limit", str(max(steps) + 24)))),
+                    stdout=log, stderr=subprocess.STDOUT)
             result = asyncio.run(_run(endpoint, proc.pid, steps, args.settle))
     finally:
         stop_processes([proc] if proc is not None else [])

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from protocol.job import JobRun, RunState
-from tools.lifetime import child_preexec
+from tools.lifetime import dying_with_us
 from tools.output import make_console
 
 console = make_console()
@@ -41,10 +41,9 @@ def _quire() -> list[str]:
 def _cli(etcd_url: str, root: str, *args: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([*_quire(), *args, "--etcd", etcd_url, "--root", root],
+    return subprocess.run(dying_with_us([*_quire(), *args, "--etcd", etcd_url, "--root", root]),
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "160"},  # one line per run
-                          preexec_fn=child_preexec())
+                          env={**os.environ, "COLUMNS": "160"})  # one line per run
 
 
 def spec() -> dict[str, object]:

@@ -3,9 +3,13 @@
 Three pieces, used by tools/services/process.py (every `Service`), the bench and demo
 launchers, and tools/cluster_run.py (what `quire up` leaves in its data dir):
 
-* `child_preexec()`: a `preexec_fn` that asks the kernel (prctl PR_SET_PDEATHSIG) to
-  SIGKILL the child when its parent dies — also on SIGKILL of the parent, where no
-  Python code runs. The signal is tied to the *thread* that forked, not the process,
+* `dying_with_us(argv)`: the command run so that the kernel (prctl PR_SET_PDEATHSIG,
+  kept across exec) SIGKILLs it when its parent dies — also on SIGKILL of the parent,
+  where no Python code runs. util-linux's `setpriv --pdeathsig KILL` sets it and execs
+  the program; not a `preexec_fn`, because Python code run in a child forked from a
+  process with other threads (gRPC's) can crash or deadlock before exec — a test member
+  died with SIGSEGV that way — while without one Popen forks with vfork and runs no
+  Python in the child. The signal is tied to the *thread* that forked, not the process,
   so every fork must come from a thread that lives as long as the process: `spawn()`
   runs the fork on the main thread when called there, else on one long-lived spawner
   thread (never on a pool thread: asyncio.to_thread's and Celery's come and go).
@@ -21,19 +25,22 @@ Linux only; elsewhere the death signal is skipped (and `cluster_run` reaps inste
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import queue
+import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ProcessIdentity", "child_preexec", "die_with_parent", "group_members",
-           "interrupt_on_sigterm", "process_group", "spawn"]
+__all__ = ["ProcessIdentity", "die_with_parent", "dying_with_us", "group_members",
+           "identity_after_exec", "interrupt_on_sigterm", "process_group", "spawn"]
 
 T = TypeVar("T")
 PR_SET_PDEATHSIG = 1
@@ -56,15 +63,32 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> boo
     return True
 
 
-def child_preexec(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A `preexec_fn` for subprocess.Popen: the child dies with this process. Popen it
-    through `spawn()` (or from the main thread)."""
-    parent = os.getpid()
+_SETPRIV = shutil.which("setpriv") if _prctl is not None else None
 
-    def preexec() -> None:
-        die_with_parent(sig, parent)
 
-    return preexec
+def dying_with_us(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when the thread that starts it exits (module
+    doc). Start it through `spawn()` (or from the main thread); unchanged where there
+    is no setpriv (not Linux: `cluster_run` reaps instead)."""
+    if _SETPRIV is None:
+        return list(argv)
+    # What Popen would raise for the program itself (setpriv would only exit 127).
+    program = argv[0]
+    if not (os.access(program, os.X_OK) if os.sep in program else shutil.which(program)):
+        raise FileNotFoundError(errno.ENOENT, "no such executable", program)
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+
+
+def identity_after_exec(pid: int, timeout: float = 5.0) -> ProcessIdentity | None:
+    """The identity of a child started with `dying_with_us`, once setpriv has exec'd the
+    program (microseconds after Popen returns)."""
+    deadline = time.monotonic() + timeout
+    setpriv = os.path.realpath(_SETPRIV) if _SETPRIV else None
+    while True:
+        ident = ProcessIdentity.of(pid)
+        if ident is None or ident.exe != setpriv or time.monotonic() > deadline:
+            return ident
+        time.sleep(0.001)
 
 
 class _Spawner:
@@ -96,7 +120,7 @@ _spawner_lock = threading.Lock()
 
 
 def spawn(fn: Callable[[], T]) -> T:
-    """Run `fn` (which forks, e.g. a Popen with `child_preexec()`) on a thread that
+    """Run `fn` (which forks, e.g. a Popen of `dying_with_us(argv)`) on a thread that
     lives as long as this process: the caller's, if it is the main thread, else the
     spawner thread — so a child's death signal fires when the process ends, never
     when a short-lived worker thread does."""

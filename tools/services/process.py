@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from tools.lifetime import ProcessIdentity, child_preexec, spawn
+from tools.lifetime import ProcessIdentity, dying_with_us, identity_after_exec, spawn
 
 __all__ = [
     "Service",
@@ -234,7 +234,8 @@ class Service:
                 # Forked on a thread that lives as long as this process (lifetime.spawn):
                 # the death signal fires when the thread that forked exits.
                 self._proc = spawn(lambda: subprocess.Popen(
-                    argv,
+                    # SIGKILL when this process dies, even by SIGKILL.
+                    dying_with_us(argv),
                     cwd=self.workdir,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -244,13 +245,11 @@ class Service:
                     # reaches every child (Celery pool processes, JVMs), and
                     # Ctrl-C at the terminal does not hit services mid-test.
                     start_new_session=True,
-                    # SIGKILL when this process dies, even by SIGKILL.
-                    preexec_fn=child_preexec(),
                 ))
             except OSError as exc:
                 raise ServiceError(f"{self.name}: cannot run {argv[0]!r}: {exc}") from exc
         # Popen returns once the child has exec'd: this is the program's identity.
-        self.identity = ProcessIdentity.of(self._proc.pid)
+        self.identity = identity_after_exec(self._proc.pid)
         self._paused = False
         with _registry_lock:
             _registry[self._proc.pid] = self
