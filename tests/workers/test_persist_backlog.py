@@ -110,6 +110,12 @@ async def test_refused_persist_is_visible_with_its_reason(
         refused = await until(lambda: scrape(worker_metrics, "quire_persist_failures_total"), 20,
                               "the failure counter")
         assert refused == {f'{{journal="{j}",reason="store_not_allowed"}}': 1.0}
+        # The primary publishes its backlog every few seconds: wait for the report that
+        # counts both fragments (the refusal alone can come first).
+        def counted():
+            b = read_backlog(redis_db.client).get(j)
+            return b if b is not None and b.bytes == 2000 else None
+        await until(counted, 30, "the backlog report to count the refused 2000 bytes")
         row = _stats(port, redis_db.url)[j]
         assert row["persist_error"].startswith("store_not_allowed: StoreNotAllowed")
         assert row["backlog_bytes"] == 2000 and redis_db.client.hexists(FAILURES_KEY, j)
