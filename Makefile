@@ -10,7 +10,8 @@ STAMP := $(VENV)/.quire-installed
 # Debian package:binary pairs; a package is installed only if its binary is missing.
 SYSTEM_PACKAGES := etcd-server:etcd etcd-client:etcdctl redis-server:redis-server \
                    openjdk-17-jre-headless:java chromium:chromium \
-                   iproute2:ip nftables:nft fuse:fusermount faketime:faketime
+                   iproute2:ip nftables:nft fuse:fusermount faketime:faketime \
+                   prometheus:promtool
 
 # First python3.x >= 3.11 on PATH, unless given: make install PYTHON=/path/to/python3.12
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \

@@ -30,6 +30,7 @@ from protocol import (
     ApplyResponse, Codec, FragmentSpec, JournalSpec, ListRequest, ListResponse, Status,
 )
 from protocol.stream import FrameStream
+from tools.lifetime import dying_with_us
 from tools.services import EtcdService, free_port
 
 JOURNAL = "bench/append"
@@ -153,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                 endpoints.append(f"127.0.0.1:{port}")
                 log = open(os.path.join(work, f"node-{i}.log"), "wb")
                 procs.append(subprocess.Popen(
-                    coordinator_argv(zone=f"z{i % 2}", suffix=f"node-{i}", listen=endpoints[-1],
-                                     etcd_url=etcd.url, root="/quire-bench",
-                                     spool_dir=os.path.join(work, f"spool-{i}")),
+                    dying_with_us(coordinator_argv(
+                        zone=f"z{i % 2}", suffix=f"node-{i}", listen=endpoints[-1],
+                        etcd_url=etcd.url, root="/quire-bench",
+                        spool_dir=os.path.join(work, f"spool-{i}"))),
                     stdout=log, stderr=subprocess.STDOUT))
             coro = _run(args, endpoints, [p.pid for p in procs])
             result = _uvloop_run(coro) if args.uvloop_client else asyncio.run(coro)

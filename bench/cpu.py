@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.cluster import LocalCluster
+from tools.lifetime import dying_with_us
 from protocol import Codec, FragmentSpec, JournalSpec
 from quire.client import Client
 
@@ -74,9 +75,9 @@ def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
     found = str(exe) if exe.exists() else shutil.which("py-spy")
     if found is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy) beside python or on PATH")
-    return subprocess.Popen([found, "record", "--pid", str(pid),
-                             "-r", "250", "-d", str(max(1, int(seconds))), "-f", "raw",
-                             "-o", str(out), "--nonblocking"],
+    return subprocess.Popen(dying_with_us([found, "record", "--pid", str(pid),
+                                           "-r", "250", "-d", str(max(1, int(seconds))),
+                                           "-f", "raw", "-o", str(out), "--nonblocking"]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

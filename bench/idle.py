@@ -25,6 +25,7 @@ from protocol import (
     ListRequest, ListResponse, Status,
 )
 from protocol.stream import FrameStream
+from tools.lifetime import dying_with_us
 from tools.services import EtcdService, free_port
 
 BATCH = 100
@@ -104,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = f"127.0.0.1:{free_port()}"
             with open(os.path.join(work, "node.log"), "wb") as log:
                 proc = subprocess.Popen(
-                    coordinator_argv(zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
-                                     root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
-                                     extra=("--journal-limit", str(max(steps) + 24))),
+                    dying_with_us(coordinator_argv(
+                        zone="z0", suffix="node-0", listen=endpoint, etcd_url=etcd.url,
+                        root="/quire-bench-idle", spool_dir=os.path.join(work, "spool"),
+                        extra=("--journal-limit", str(max(steps) + 24)))),
                     stdout=log, stderr=subprocess.STDOUT)
             result = asyncio.run(_run(endpoint, proc.pid, steps, args.settle))
     finally:

@@ -51,6 +51,11 @@ def sha1_mbps(chunk: int = 1 << 20, *, max_bytes: int = 256 << 20, max_seconds: 
 # -- loopback TCP, server side runs in a child process -----------------------------------
 
 def _sink_server(port_q: Any, result_q: Any, mode: str) -> None:
+    from tools.lifetime import die_with_parent
+
+    parent = mp.parent_process()
+    die_with_parent(parent=parent.pid if parent is not None else None)  # never outlive the bench
+
     async def main() -> None:
         done = asyncio.Event()
 

@@ -6,7 +6,8 @@ One run starts its own cluster (etcd + N coordinator subprocesses, a file store)
 measures quire's appends and AppendService, a private redis-server's XADD, the minimal
 R=3 pipeline of bench/pipeline_ref.py (same sizes and concurrency, and the 8-journal
 case), SHA-1 and loopback TCP, and a coordinator's RSS with 1/100/1,000 idle journals,
-then prints the ratios. Every key of the JSON is documented in docs/benchmarks.md ("Bench" section).
+then prints the ratios; then the scale section (bench/scale.py: 5 coordinators, R=3, at
+10 and 1,000 journals — 10 and 100 with --quick; 10,000 with `python -m bench.scale`). Every key of the JSON is documented in docs/benchmarks.md ("Bench" section).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from chaos.cluster import LocalCluster
 from quire.client import Client
 from protocol.logs import configure_logging
 from protocol import Codec, FragmentSpec, JournalSpec
+from tools.lifetime import interrupt_on_sigterm
 
 from .limits import measure_limits
 from .matrix import append_case, message_rate
@@ -275,11 +277,15 @@ def command(
     peers: bool = typer.Option(True, "--peers/--no-peers",
                                help="Run the replicated peers (needs `make bench`)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the work directory."),
+    scale: bool = typer.Option(True, "--scale/--no-scale",
+                               help="Run the scale section (bench/scale.py) at 10 and 1,000 "
+                               "journals (10 and 100 with --quick)."),
     log_level: str = typer.Option("WARNING", "--log-level"),
 ) -> None:
     """Benchmark quire against Redis Streams, replicated brokers (NATS JetStream R=3, Redis
     with two replicas) and the machine's SHA-1 / loopback limits."""
     configure_logging(format="console", level=log_level, stream=sys.stderr)
+    interrupt_on_sigterm()  # `timeout 60 quire bench`: stop the cluster, remove the work dir
     console = Console(width=150)
     workdir = Path(tempfile.mkdtemp(prefix="quire-bench-"))
     try:
@@ -290,10 +296,23 @@ def command(
                                                seconds=1.0 if quick else 3.0,
                                                coordinators=coordinators,
                                                say=lambda m: console.log(m))
+        if scale:
+            from .scale import run_scale
+
+            sizes = [10, 100] if quick else [10, 1000]
+            console.log(f"scale: {sizes} journals on 5 coordinators, R=3")
+            fig["scale"] = run_scale(sizes, workdir / "scale", idle=10.0 if quick else 30.0,
+                                     append_s=3.0 if quick else 10.0,
+                                     say=lambda m: console.log(m))
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     render(fig, console)
+    if "scale" in fig:
+        from .scale import render as render_scale
+
+        console.print("scale (bench/scale.py; docs/benchmarks.md, \"Scale\")")
+        console.print(render_scale(fig["scale"]))
     if "replicated" in fig:
         render_replicated(fig["replicated"], console)
     if json_out is not None:

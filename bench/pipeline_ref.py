@@ -107,6 +107,11 @@ def _wrap(journal: int) -> int:
 def _serve(index: int, ports: list[int], workdir: str, ready: Any) -> None:
     """One process of the reference: primary for the journals its clients name,
     replica for the journals the other two lead."""
+    from tools.lifetime import die_with_parent
+
+    parent = mp.parent_process()
+    die_with_parent(parent=parent.pid if parent is not None else None)  # never outlive the bench
+
     async def main() -> None:
         pipelines: dict[int, _Pipeline] = {}
         building: dict[int, asyncio.Lock] = {}

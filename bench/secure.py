@@ -48,6 +48,7 @@ from protocol import (
 from protocol.auth import Capability, Keyring, Scope
 from protocol.stream import FrameStream
 from protocol.tls import client_context
+from tools.lifetime import dying_with_us
 from tools.services import EtcdService, free_port
 from tools.secure_cluster import bootstrap_etcd, prepare
 from tools.tls_certs import make_local_ca
@@ -183,12 +184,13 @@ def secure_figures(seconds: float = 3.0, rounds: int = 2, uvloop_client: bool = 
                     v.endpoints.append(f"127.0.0.1:{free_port()}")
                     log = open(os.path.join(work, f"{v.name}-{i}.log"), "wb")  # noqa: SIM115
                     procs.append(proc := subprocess.Popen(
-                        coordinator_argv(zone=f"z{i % 2}", suffix=f"{v.name}-node-{i}",
-                                         listen=v.endpoints[-1],
-                                         etcd_url=tls_etcd.url if secure else etcd.url,
-                                         root=f"/quire-bench-{v.name}",
-                                         spool_dir=os.path.join(work, f"spool-{v.name}-{i}"),
-                                         extra=extra[v.name]),
+                        dying_with_us(coordinator_argv(
+                            zone=f"z{i % 2}", suffix=f"{v.name}-node-{i}",
+                            listen=v.endpoints[-1],
+                            etcd_url=tls_etcd.url if secure else etcd.url,
+                            root=f"/quire-bench-{v.name}",
+                            spool_dir=os.path.join(work, f"spool-{v.name}-{i}"),
+                            extra=extra[v.name])),
                         stdout=log, stderr=subprocess.STDOUT,
                         env={**os.environ, **etcd_env} if secure else None))
                     v.pids.append(proc.pid)

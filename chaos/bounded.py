@@ -234,7 +234,9 @@ def run(main: Coroutine[Any, Any, T], *, grace: float = GRACE) -> T:
     """`asyncio.run(main)` with the harness's bounds: a daemon-thread default executor,
     and a shutdown that gives leftover tasks `grace` s to honour their cancellation,
     logs those that did not (and executor calls still running), and never waits on
-    them longer. Ctrl-C (SIGINT) cancels `main`, which then cleans up as it would."""
+    them longer. Ctrl-C (SIGINT) or SIGTERM (`timeout`, a CI runner) cancels `main`,
+    which then cleans up as it would; a second one stops waiting for the clean-up (the
+    members die with this process anyway: tools/lifetime.py)."""
     loop = asyncio.new_event_loop()
     executor = DaemonThreads()
     loop.set_default_executor(executor)
@@ -250,8 +252,10 @@ def run(main: Coroutine[Any, Any, T], *, grace: float = GRACE) -> T:
         interrupted = True
         loop.call_soon_threadsafe(task.cancel)
 
+    previous_term = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, on_sigint)
+        previous_term = signal.signal(signal.SIGTERM, on_sigint)
     try:
         try:
             return loop.run_until_complete(task)
@@ -262,6 +266,8 @@ def run(main: Coroutine[Any, Any, T], *, grace: float = GRACE) -> T:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         try:
             _shutdown(loop, executor, grace)
         finally:

@@ -248,7 +248,7 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
             subtract_registers=req.subtract_registers, suspend=req.suspend,
             min_etcd_revision=req.min_etcd_revision, producer=req.producer,
             generation=req.generation, history=req.history, txn=req.txn,
-            close_history=req.close_history))
+            close_history=req.close_history, roll_below=req.roll_below))
         try:
             while True:
                 chunk = await source.next_chunk()

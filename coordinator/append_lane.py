@@ -104,7 +104,8 @@ def ok_header(header: Any, known: int) -> Any:
 def _plain(req: AppendRequest) -> bool:
     return (req.header is None and not req.offset and not req.producer
             and req.check_registers is None and req.union_registers is None
-            and req.subtract_registers is None and req.suspend == "resume")
+            and req.subtract_registers is None and req.suspend == "resume"
+            and not req.roll_below)
 
 
 def _route_holds(res: Any, pln: Pipeline) -> bool:

@@ -19,11 +19,17 @@ from .append_rules import AppendAborted, State, decide_broken, edits_registers, 
 from .pipeline import Pipeline, PipelineBroken
 from .replica import Replica
 
-__all__ = ["NOT_BUFFERED", "ContentSource", "StreamStates"]
+__all__ = ["NOT_BUFFERED", "ContentSource", "StreamStates", "roll_asked"]
 
 
 NOT_BUFFERED: Any = object()
 """`ContentSource.next_buffered()`: the next frame has not fully arrived yet."""
+
+
+def roll_asked(roll_below: int, begin: int, content_length: int) -> bool:
+    """An append's `roll_below` asks to close an open fragment holding content below it
+    (the jobs scheduler completing a window, docs/jobs.md); an empty spool never rolls."""
+    return roll_below > begin and content_length > 0
 
 
 class ContentSource(Protocol):
@@ -56,7 +62,8 @@ class StreamStates:
         started = spool.delta == 0 and self.total_chunks == 0
         if started:
             frag = spec.fragment
-            if spool.should_roll(frag.length, frag.compression_codec, frag.flush_interval):
+            if spool.should_roll(frag.length, frag.compression_codec, frag.flush_interval) \
+                    or roll_asked(self.req.roll_below, spool.fragment.begin, spool.content_length):
                 pln.send_proposal(spool.roll_proposal(codec=frag.compression_codec, acknowledge=False))
             self._summer = hashlib.sha1()
             self._begin = spool.end

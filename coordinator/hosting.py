@@ -2,7 +2,10 @@
 
 `Hosting` connects to etcd, mirrors the root (KeySpace), announces the member, runs
 the allocator, and keeps the set of hosted replicas equal to this member's assignments.
-One task (`_follow`) reacts to every keyspace change: it creates replicas for new
+One task (`_follow`) reacts to every keyspace change, re-examining only the journals the
+change touched (KeySpace.touched; a member, lease-standing or re-listing change, and a
+quiet FULL_PASS_INTERVAL, examine every one — so filling thousands of routes costs each
+route's own changes, not every journal per change): it creates replicas for new
 assignments, tears down pipelines whose route moved (so the new primary can take the
 replicas' spools), and pulses each journal for which we became primary (or whose route
 changed) — a zero-byte append through the ordinary FSM, retried with backoff until it
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
 from protocol.logs import get_logger
@@ -43,6 +46,7 @@ from protocol import Route
 
 from topology.assignments import advertise_route
 from topology.etcd import connect
+from . import metrics
 from .fence import abort_superseded
 from topology.keyspace import KeySpace
 from topology.membership import BrokerSpec, Membership
@@ -55,6 +59,9 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+FULL_PASS_INTERVAL = 120.0
+"""Seconds without any change after which every hosted journal is re-examined anyway."""
+
 class Hosting:
     def __init__(self, server: Host) -> None:
         self.server = server
@@ -64,8 +71,15 @@ class Hosting:
         self.resolver: Resolver | None = None
         self.membership: Membership | None = None
         self._changed = asyncio.Event()
+        self._dirty: set[str] = set()
+        """Journals to re-examine at the next reconcile (`_mark`)."""
+        self._dirty_all = True
+        """Re-examine every journal (a load, a member change, standing, a safety pass)."""
+        self._deferred: set[str] = set()
+        """Unassigned replicas whose retirement waits on a pipeline or lock: re-examined
+        at every reconcile until they retire."""
         self.pulses = Pulses(server, lambda journal: self.resolver.resolve_now(journal),
-                             self._spawn, self._changed, self.cfg.pulse_interval)
+                             self._spawn, self._mark_one, self.cfg.pulse_interval)
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._health_lock = asyncio.Lock()
@@ -93,7 +107,7 @@ class Hosting:
                     self.resolver.may_lead = lambda: (member.in_good_standing and
                                                       ks.revision >= member.standing_revision)
                     member.on_standing.append(self._on_standing)
-                    ks.on_change.append(lambda _ks: self._changed.set())
+                    ks.on_change.append(lambda ks: self._mark(ks.touched))
                     yield self
         finally:
             with contextlib.suppress(Exception):
@@ -121,6 +135,8 @@ class Hosting:
             replica = server.replicas.get(journal)
             if replica is not None:
                 replica.set_remote_index(fragments)
+                if replica.retired:
+                    self._mark_one(journal)  # persisted now: the replica may be forgotten
             server.recovered.persisted(journal, fragments)
             mark = getattr(server.persister, "mark_persisted", None)
             if mark is not None:
@@ -187,9 +203,21 @@ class Hosting:
             except Exception as exc:  # noqa: BLE001 - said again at the next change
                 log.warning("cannot announce the spool's health", error=repr(exc))
 
-    def poke(self) -> None:
-        """Re-evaluate hosted replicas (e.g. a replicate stream released a spool)."""
+    def poke(self, journal: str | None = None) -> None:
+        """Re-evaluate `journal` (None: every hosted replica), e.g. a replicate stream
+        released its spool."""
+        self._mark(None if journal is None else (journal,))
+
+    def _mark(self, journals: Iterable[str] | None) -> None:
+        """Have the next reconcile re-examine `journals` (None: every journal)."""
+        if journals is None:
+            self._dirty_all = True
+        else:
+            self._dirty.update(journals)
         self._changed.set()
+
+    def _mark_one(self, journal: str) -> None:
+        self._mark((journal,))
 
     async def _watch_lease(self) -> None:
         member = self.membership
@@ -208,7 +236,7 @@ class Hosting:
             # standing dates from (may_lead); then pulse.
             if self._tg is not None:
                 self._spawn(self._catch_up_view(), name="hosting-catch-up")
-            self._changed.set()
+            self._mark(None)
             return
         if self.membership is not None and self.membership.lost.is_set():
             return  # lost, not just unconfirmed: `_fence` drops everything next
@@ -224,7 +252,7 @@ class Hosting:
         while member is not None and ks is not None and member.in_good_standing \
                 and not await ks.wait_for_revision(member.standing_revision, 5.0):
             pass  # (etcd unreachable again: standing will lapse and end this)
-        self._changed.set()
+        self._mark(None)
 
     def _drop_all(self, why: str, *, streams: bool) -> None:
         """Fail every pipeline we lead (and with `streams`, abort every replicate stream
@@ -240,25 +268,44 @@ class Hosting:
             if pln is not None:
                 pln._fail(PipelineBroken(why))
                 self._spawn(self._retire(replica))
-        self._changed.set()
+        self._mark(None)
 
     # -- following assignments ------------------------------------------------------------
 
     async def _follow(self) -> None:
         while True:
-            self._reconcile()
-            await self._changed.wait()
+            only = None if self._dirty_all else self._dirty
+            self._dirty, self._dirty_all = set(), False
             self._changed.clear()
+            self._reconcile(only)
+            try:
+                async with asyncio.timeout(FULL_PASS_INTERVAL):
+                    await self._changed.wait()
+            except TimeoutError:
+                self._dirty_all = True  # the safety net: nothing is missed for long
 
-    def _reconcile(self) -> None:
+    def _reconcile(self, only: set[str] | None = None) -> None:
+        """Make the hosted replicas follow the assignments: of every journal (`only` is
+        None), or of the journals in `only` and the deferred retirements — what a
+        keyspace batch touched, so one change costs its journals, not every journal."""
         ks, server, me = self.keyspace, self.server, self.server.me
         assert ks is not None and self.resolver is not None and self._tg is not None
-        mine = {a.journal for a in ks.assignments_of(me)}
+        if only is None:
+            mine = {a.journal for a in ks.assignments_of(me)}
+            examined = list(server.replicas)
+            abort_superseded(server.replicas, self.resolver)
+        else:
+            only = only | self._deferred
+            mine = {j for j in only if any(a.member == me for a in ks.assignments(j))}
+            examined = [j for j in only if j in server.replicas]
+            abort_superseded({j: server.replicas[j] for j in examined}, self.resolver)
+        metrics.RECONCILED.inc(len(mine) + len(examined))
+        self._deferred.clear()
         for journal in mine:
             server.replica(journal).retired = False
-        abort_superseded(server.replicas, self.resolver)
-        for journal, replica in list(server.replicas.items()):
-            if journal in mine:
+        for journal in examined:
+            replica = server.replicas.get(journal)
+            if journal in mine or replica is None:
                 continue
             if replica.pipeline is None and not replica.spool_lock.locked() \
                     and not replica.pipeline_lock.locked():
@@ -275,6 +322,8 @@ class Hosting:
                     continue
                 if not remains:
                     server.forget_replica(journal)
+            else:
+                self._deferred.add(journal)  # its pipeline or a lock is still held
         for journal in mine:
             res = self.resolver.resolve_now(journal)
             replica = server.replicas[journal]
@@ -318,7 +367,7 @@ class Hosting:
                         "never persisted", journal=fragment.journal, fragment_begin=fragment.begin,
                         fragment_end=fragment.end, differs_from=at, route_member=holder,
                         why="a later epoch cut this tail and wrote other bytes at its offsets")
-        self._changed.set()  # the replica may be forgotten now
+        self._mark_one(replica.journal)  # the replica may be forgotten now
 
     async def _retire(self, replica) -> None:  # noqa: ANN001
         """Tear down a pipeline of an old route once its in-flight appends finished."""
@@ -328,4 +377,4 @@ class Hosting:
             if pln is not None and (pln.broken is not None or not res.is_primary
                                     or not pln.route.equivalent(res.route)):
                 await self.server.teardown_pipeline(replica)
-        self._changed.set()  # a replica no longer assigned may retire now
+        self._mark_one(replica.journal)  # a replica no longer assigned may retire now

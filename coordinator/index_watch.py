@@ -13,7 +13,9 @@ ones and raises INDEX_HAS_GREATER_OFFSET from it) and to the persister's
 
 Pub/sub is not durable: after every (re)subscription the watch reloads the keys of
 all hosted journals, so an update published while we were disconnected is never
-lost; a journal that becomes hosted later is loaded within a second. A Redis
+lost; a journal that becomes hosted later is loaded within a second. Updates are
+taken in batches (everything buffered, up to `batch`), filtered by the hosted journals
+(looked at once a second, not per message) and loaded in one Redis pipeline. A Redis
 outage is survived with bounded exponential backoff; nothing here
 is on the append path, so while Redis is away the coordinator simply keeps the
 index it has (and its local fragments). `load(journal)` fetches one journal at
@@ -70,6 +72,9 @@ def _honour_cancellation() -> None:
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
 
+
+HOSTED_LOOK = 1.0
+"""Seconds between two looks at the hosted journals (a copy of thousands of names)."""
 
 STORE_LIST_TIMEOUT = 5.0
 """Bound of a coordinator's own listing of a journal's store (no index in Redis)."""
@@ -191,24 +196,33 @@ class IndexWatch:
                 await pubsub.subscribe(INDEX_CHANNEL)
             # Subscribed first, then reload: anything published from now on is seen.
             hosted = set(self._journals())
+            looked = time.monotonic()
             await self.load_all(hosted)
             self.connected.set()
             log.info("index watch subscribed", channel=INDEX_CHANNEL, journals=len(hosted))
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 _honour_cancellation()
-                # A replica created since the last look gets its index at once, not
-                # at the journal's next refresh.
-                now_hosted = set(self._journals())
-                if now_hosted - hosted:
-                    await self.load_all(now_hosted - hosted)
-                hosted = now_hosted
-                if msg is None or msg.get("type") != "message":
-                    continue
-                data = msg["data"]
-                journal = data.decode() if isinstance(data, bytes) else str(data)
-                if journal in hosted:
-                    await self.load([journal])
+                # Every update already buffered, loaded in one pipeline: the cost is per
+                # batch of updates, not a round trip (and a hosted-set copy) per journal.
+                updates: set[str] = set()
+                while msg is not None:
+                    if msg.get("type") == "message":
+                        data = msg["data"]
+                        updates.add(data.decode() if isinstance(data, bytes) else str(data))
+                    if len(updates) >= self.batch:
+                        break  # (the rest stays buffered for the next turn)
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+                if time.monotonic() - looked >= HOSTED_LOOK:
+                    # A replica created since the last look gets its index now, not at
+                    # the journal's next refresh (and at once through `load_quietly`).
+                    now_hosted = set(self._journals())
+                    looked = time.monotonic()
+                    if now_hosted - hosted:
+                        await self.load_all(now_hosted - hosted)
+                    hosted = now_hosted
+                if updates & hosted:
+                    await self.load(sorted(updates & hosted))
         finally:
             try:
                 async with asyncio.timeout(1.0):

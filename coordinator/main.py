@@ -112,6 +112,10 @@ def _security(s):  # noqa: ANN001, ANN202
             if not s.tls_key:
                 raise ValidationError("tls_key", "--tls-cert needs --tls-key")
             server_ssl = server_context(s.tls_cert, s.tls_key, s.tls_ca, s.tls_client_auth)
+            from .metrics import watch_cert
+
+            watch_cert("server", s.tls_cert)  # quire_tls_cert_expiry_timestamp_seconds
+            watch_cert("ca", s.tls_ca)
             # Peers serve TLS too: verify them by the CA, present our certificate (mTLS).
             peer_ssl = client_context(s.tls_ca, s.tls_cert, s.tls_key) if s.tls_ca else None
             if peer_ssl is None:
@@ -147,7 +151,28 @@ def _celery_persister(redis_url: str):  # noqa: ANN202
         server = holder.get("server")
         return bool(server and server.keyspace and server.topology.resolver.resolve_now(journal).is_primary)
 
-    p = CeleryPersister(redis_url, endpoints=endpoints, store_for=store_for, is_primary=is_primary)
+    def opened_at(fragment):  # noqa: ANN001, ANN202 - called as the spool rolls it
+        server = holder.get("server")
+        r = server.replicas.get(fragment.journal) if server is not None else None
+        f = r.spool.fragment if r is not None else None
+        if f is not None and (f.begin, f.end) == (fragment.begin, fragment.end):
+            return r.spool.first_append_time or None
+        return None
+
+    def backlog():  # noqa: ANN202
+        from .backlog import journal_backlog
+
+        server = holder.get("server")
+        return {} if server is None or server.keyspace is None else journal_backlog(server, p)
+
+    def routes():  # noqa: ANN202
+        from .backlog import route_gaps
+
+        server = holder.get("server")
+        return {} if server is None or server.keyspace is None else route_gaps(server)
+
+    p = CeleryPersister(redis_url, endpoints=endpoints, store_for=store_for, is_primary=is_primary,
+                        opened_at=opened_at, backlog=backlog, routes=routes)
     p._quire_holder = holder  # the server registers itself below (see Server.__init__)
     return p
 

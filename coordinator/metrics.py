@@ -110,6 +110,11 @@ STALE_FRAGMENTS = Counter("quire_stale_fragments_dropped_total",
                           "them: the journal's route holds other bytes at their offsets (a "
                           "tail a later epoch replaced, retired_check.py).")
 REPLICAS = Gauge("quire_replicas", "Journal replicas hosted by this coordinator.")
+RECONCILED = Counter("quire_hosting_reconciled_total",
+                     "Journals the topology follower examined (hosting.py): a change costs "
+                     "the journals it touched, a full pass every hosted one.")
+ASYNCIO_TASKS = Gauge("quire_asyncio_tasks", "asyncio tasks alive in this coordinator (what "
+                      "grows per journal or per connection: bench/scale.py reads it).")
 READ_BYTES = Counter("quire_read_bytes_total", "Bytes served to readers.")
 AUTH_REFUSALS = Counter("quire_auth_refusals_total",
                         "Connections (unauthorized: bad token) and requests (forbidden: "
@@ -120,6 +125,24 @@ APPENDS_ABORTED = Counter("quire_appends_aborted_total",
 APPENDS_DEDUPLICATED = Counter("quire_appends_deduplicated_total",
                                "Identified appends answered with their original commit "
                                "(a re-sent transaction that had already committed).")
+TLS_CERT_EXPIRY = Gauge("quire_tls_cert_expiry_timestamp_seconds",
+                        "notAfter (unix s) of each TLS certificate this process serves or "
+                        "presents, by use (server, ca) and file.", ["use", "path"])
+
+
+def watch_cert(use: str, path: str | None) -> None:
+    """Export the notAfter of the certificate at `path` (nothing without one)."""
+    if not path:
+        return
+    from protocol.logs import get_logger
+    from protocol.tls import cert_not_after
+
+    try:
+        not_after = cert_not_after(path)
+    except ValueError as exc:  # no series: a 0 would read as long expired
+        get_logger(__name__).warning("certificate expiry not exported", error=str(exc))
+        return
+    TLS_CERT_EXPIRY.labels(use, path).set(not_after)
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:

@@ -21,7 +21,10 @@ Replicas that are not the journal's primary delay their first send by
 the index update removes the fragment before a replica ever sends it.
 
 Lag per journal (bytes and seconds closed-but-not-persisted) is exposed by `lag()`
-and as `quire_persist_lag_bytes` / `quire_persist_lag_seconds`.
+and as `quire_persist_lag_bytes` / `quire_persist_lag_seconds`. The backlog of the
+journals we lead (the open fragment too, aged from each fragment's first append:
+`opened_at`) is computed and published by coordinator/backlog.py from `unpersisted()`,
+on a task `run()` starts when given a `backlog` source.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class _Pending:
     closed_at: float  # wall clock, for lag in seconds
     due: float  # monotonic time of the next send
     sends: int = 0
+    opened_at: float = 0.0  # wall clock of its first acknowledged byte (backlog age)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ class CeleryPersister:
         endpoints: Callable[[Fragment], Sequence[str]],
         store_for: Callable[[str], str | None],
         is_primary: Callable[[str], bool] = lambda _journal: True,
+        opened_at: Callable[[Fragment], float | None] = lambda _fragment: None,
+        backlog: Callable[[], Any] | None = None,
+        routes: Callable[[], Any] | None = None,
         resend_after: float = 120.0,
         replica_delay: float = 120.0,
         enqueue_timeout: float = 5.0,
@@ -131,6 +138,11 @@ class CeleryPersister:
         self._endpoints = endpoints
         self._store_for = store_for
         self._is_primary = is_primary
+        self._opened_at = opened_at
+        self._backlog = backlog
+        """Returns the journals' backlog (coordinator/backlog.py); published while running."""
+        self._routes = routes
+        """Returns the route gaps of the journals we lead (coordinator/backlog.route_gaps)."""
         self.resend_after = resend_after
         self.replica_delay = replica_delay
         self.enqueue_timeout = enqueue_timeout
@@ -168,8 +180,10 @@ class CeleryPersister:
         if primary is None:
             primary = self._is_primary(fragment.journal)
         delay = 0.0 if primary else self.replica_delay
+        now = time.time()
         self._pending[key] = _Pending(fragment, os.fspath(path) if path is not None else "",
-                                      time.time(), time.monotonic() + delay)
+                                      now, time.monotonic() + delay,
+                                      opened_at=self._opened_at(fragment) or now)
         log.debug("fragment queued for persistence", journal=fragment.journal,
                   begin=fragment.begin, end=fragment.end, delay=delay)
         self._wake.set()
@@ -247,6 +261,18 @@ class CeleryPersister:
             acc[p.fragment.journal] = [n + 1, b + p.fragment.content_length, min(oldest, p.closed_at)]
         return {j: JournalLag(int(n), int(b), max(0.0, now - oldest)) for j, (n, b, oldest) in acc.items()}
 
+    def unpersisted(self) -> dict[str, tuple[int, int, float]]:
+        """journal -> (closed fragments pending, their bytes, the earliest first-byte time)."""
+        acc: dict[str, tuple[int, int, float]] = {}
+        for p in list(self._pending.values()):
+            j = p.fragment.journal
+            n, b, oldest = acc.get(j, (0, 0, float("inf")))
+            acc[j] = (n + 1, b + p.fragment.content_length, min(oldest, p.opened_at or p.closed_at))
+        return acc
+
+    def is_primary(self, journal: str) -> bool:
+        return self._is_primary(journal)
+
     @property
     def broker_available(self) -> bool:
         return self.stats.broker_down_since is None
@@ -254,7 +280,15 @@ class CeleryPersister:
     # -- the background loop ----------------------------------------------------------
 
     async def run(self) -> None:
-        """Enqueue due fragments until cancelled. Owned by the coordinator's TaskGroup."""
+        """Enqueue due fragments until cancelled. Owned by the coordinator's TaskGroup.
+        With a `backlog` source, also publishes the journals' backlog (coordinator/backlog.py)."""
+        reporter = None
+        if self._backlog is not None:
+            from .backlog import BacklogReporter
+
+            reporter = asyncio.create_task(
+                BacklogReporter(self.redis_url, self._backlog, routes=self._routes).run(),
+                name="persist-backlog")
         try:
             while True:
                 wait = await self._send_due()
@@ -263,6 +297,10 @@ class CeleryPersister:
                     async with asyncio.timeout(wait):
                         await self._wake.wait()
         finally:
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(BaseException):
+                    await reporter
             self.close()
 
     async def _send_due(self) -> float:

@@ -6,9 +6,12 @@ asks for one whenever this member becomes a journal's primary or the route it le
 changes (`want`), and `run` pulses every journal it leads once per pulse interval (so an
 idle journal's fragment is flushed and the replicas' health is checked).
 
-Pulses are one-shot tasks (an idle journal costs none), at most PULSE_CONCURRENCY at a
-time, each retried with backoff up to PULSE_ATTEMPTS times while the route it was for is
-still ours. A pulse that ends without syncing asks Hosting to re-evaluate (`changed`).
+Pulses asked for by `want` are one-shot tasks (an idle journal costs none), at most
+PULSE_CONCURRENCY at a time, each retried with backoff up to PULSE_ATTEMPTS times while
+the route it was for is still ours. The periodic round runs in `run`'s own task with
+PULSE_CONCURRENCY pulsers (no task per journal per interval); a journal whose periodic
+pulse did not sync is handed to the retrying kind. A pulse that ends without syncing asks Hosting to re-evaluate its journal
+(`changed(journal)`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class _Barrier:
 class Pulses:
     def __init__(self, server: Host, resolve_now: Callable[[str], Resolution],
                  spawn: Callable[[Coroutine[Any, Any, None], str], None],
-                 changed: asyncio.Event, interval: float) -> None:
+                 changed: Callable[[str], None], interval: float) -> None:
         self.server = server
         self._resolve_now = resolve_now
         self._spawn = spawn
@@ -81,6 +84,23 @@ class Pulses:
             await fsm.run()
         return fsm
 
+    def _settled(self, journal: str, route: Route, fsm: AppendFSM) -> bool:
+        """Whether `fsm`, a pulse of `journal` on `route`, leaves nothing to retry."""
+        # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
+        # pipeline synced: that is as good as a pulse gets for it.
+        if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
+            self._synced[journal] = route
+            return True
+        if fsm.status == Status.INDEX_HAS_GREATER_OFFSET:
+            # Synchronized, and refusing appends until an operator's reset-head
+            # (fail-to-safety): pulsing again changes nothing. Said once per
+            # route (and at each periodic pulse), with the runbook's words.
+            log.warning("journal refuses appends until reset-head", journal=journal,
+                        message=fsm.message)
+            self._synced[journal] = route
+            return True
+        return False
+
     async def _until_synced(self, journal: str, route: Route) -> None:
         delay = 0.05
         try:
@@ -94,18 +114,7 @@ class Pulses:
                     await asyncio.sleep(delay)  # backoff between attempts
                     delay = min(delay * 2, 2.0)
                     continue
-                # A suspended journal answers a (no-resume) pulse SUSPENDED, after its
-                # pipeline synced: that is as good as a pulse gets for it.
-                if fsm.state is State.FINISHED or fsm.status == Status.SUSPENDED:
-                    self._synced[journal] = route
-                    return
-                if fsm.status == Status.INDEX_HAS_GREATER_OFFSET:
-                    # Synchronized, and refusing appends until an operator's reset-head
-                    # (fail-to-safety): pulsing again changes nothing. Said once per
-                    # route (and at each periodic pulse), with the runbook's words.
-                    log.warning("journal refuses appends until reset-head", journal=journal,
-                                message=fsm.message)
-                    self._synced[journal] = route
+                if self._settled(journal, route, fsm):
                     return
                 now = self._resolve_now(journal)
                 if not now.is_primary or now.route != route:
@@ -117,13 +126,38 @@ class Pulses:
         finally:
             self._running.discard(journal)
             if self._synced.get(journal) != route:
-                self._changed.set()  # re-evaluate (another attempt if still primary)
+                self._changed(journal)  # re-evaluate (another attempt if still primary)
 
     async def run(self) -> None:
         """Periodic pulse of every journal we are primary of (flush interval, health)."""
         while True:
             await asyncio.sleep(self.interval)
-            for journal in list(self.server.replicas):
+            await self.round()
+
+    async def round(self) -> None:
+        """One periodic pulse of every journal we lead, by PULSE_CONCURRENCY pulsers in
+        this task (no task per journal: thousands of idle journals cost one loop). A
+        pulse that does not sync hands its journal to `_start`, which retries it."""
+        due = iter([journal for journal in list(self.server.replicas)
+                    if journal not in self._running])
+
+        async def pulser() -> None:
+            for journal in due:  # (one shared iterator: each journal is taken once)
+                if self.stopped:
+                    return
                 res = self._resolve_now(journal)
-                if res.is_primary:
+                if not res.is_primary or journal in self._running:
+                    continue
+                self._running.add(journal)
+                try:
+                    fsm = await self.pulse(journal)
+                    synced = self._settled(journal, res.route, fsm)
+                except Exception:  # noqa: BLE001 - a pulse must never take the process down
+                    log.exception("pulse crashed; retrying", journal=journal)
+                    synced = False
+                finally:
+                    self._running.discard(journal)
+                if not synced:
                     self._start(journal, res.route)
+
+        await asyncio.gather(*(pulser() for _ in range(PULSE_CONCURRENCY)))

@@ -38,7 +38,16 @@ from protocol.stream import FrameStream
 
 from . import metrics
 from .readback import check_copy, lose_copy
-from .read_relay import METADATA_SENT, READ_CHUNK, connect_member, fill_gap, proxy_read, stream_stored
+from .read_relay import (
+    METADATA_SENT,
+    READ_CHUNK,
+    StoredCorrupt,
+    connect_member,
+    fill_gap,
+    journal_stores,
+    proxy_read,
+    stream_stored,
+)
 from .replica import lineage_agrees_until
 from .spool_health import reason_of
 
@@ -68,7 +77,8 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
             return True
         peer_auth = getattr(broker, "peer_auth", None)
         return await proxy_read(conn, req, res,
-                                peer_auth(Capability.READ, req.journal) if peer_auth else None)
+                                peer_auth(Capability.READ, req.journal) if peer_auth else None,
+                                journal_stores(broker, req.journal))
     # A member's own replica; or, for a gap read (held_only), what a former member
     # still holds of the journal (kept until persisted: read_relay.gap_holders).
     replica = held if held is not None else broker.replica(req.journal)
@@ -205,7 +215,8 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                                              offset=offset, write_head=replica.write_head))
                 return True
         if frag.is_persisted and local is None and frag != replica.spool.fragment:
-            ok = await _persisted(conn, req, res, replica, frag, offset, first)
+            ok = await _persisted(conn, req, res, replica, frag, offset, first,
+                                  journal_stores(broker, req.journal))
             if not ok:
                 return True
             first = False
@@ -227,8 +238,9 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
 
 
 async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
-                     first: bool) -> bool:
-    """A fragment only the store holds: hand out its URL, or stream it ourselves."""
+                     first: bool, stores: tuple[str, ...] = ()) -> bool:
+    """A fragment only the store holds: hand out its URL, or stream it ourselves (proven
+    first; `stores`: the journal's, where other copies are)."""
     from fragment_store.keys import fragment_key
     from fragment_store.stores import open_store
 
@@ -243,7 +255,11 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
                                  write_head=replica.write_head, fragment=frag, fragment_url=url))
     if req.metadata_only or (req.do_not_proxy and url):
         return False
-    offset = await stream_stored(conn, frag, offset, req.end_offset)
+    try:
+        offset = await stream_stored(conn, frag, offset, req.end_offset, stores)
+    except StoredCorrupt as exc:
+        await conn.send(exc.response)
+        return False
     return not (req.end_offset and offset >= req.end_offset)
 
 

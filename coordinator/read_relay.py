@@ -24,23 +24,51 @@ METADATA_SENT = -1
 READ_CHUNK = 1 << 17
 
 
-async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int) -> int:  # noqa: ANN001
-    """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
-    ReadContent frames, fetched and decompressed by us; returns the offset reached."""
-    from fragment_store.codecs import decompress
-    from fragment_store.keys import fragment_key
-    from fragment_store.stores import open_store
+def journal_stores(broker, journal: str) -> tuple[str, ...]:  # noqa: ANN001
+    """The journal's `fragment.stores` (other copies a corrupt object is read from)."""
+    keyspace = getattr(broker, "keyspace", None)
+    entry = keyspace.journals.get(journal) if keyspace is not None else None
+    return tuple(entry.spec.fragment.stores) if entry is not None else ()
 
-    store = open_store(frag.backing_store)
-    raw = await asyncio.to_thread(store.read_all, fragment_key(frag))
-    data = await asyncio.to_thread(decompress, frag.codec, raw)
+
+class StoredCorrupt(Exception):
+    """Every copy of a persisted fragment failed its proof; `.response` is the
+    FRAGMENT_CORRUPT answer to send the reader (no byte of the fragment was sent)."""
+
+    def __init__(self, response: ReadResponse) -> None:
+        super().__init__(response.message)
+        self.response = response
+
+
+async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int,  # noqa: ANN001
+                        stores: tuple[str, ...] = ()) -> int:
+    """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
+    ReadContent frames, fetched by us through fragment_store's verifying reader: the
+    whole object is proven by its SHA-1 before the first frame, a corrupt copy is
+    quarantined and replaced by another of the journal's `stores` (and mended from it).
+    Raises StoredCorrupt where no good copy exists; returns the offset reached."""
+    from fragment_store.verified import FragmentCorrupt, read_verified
+
+    try:
+        chunks = await asyncio.to_thread(read_verified, frag, offset, stores=stores, chunk=READ_CHUNK)
+    except FragmentCorrupt as exc:
+        log.error("persisted fragment corrupt in every store", journal=frag.journal,
+                  fragment=exc.fragment, stores=list(exc.stores))
+        raise StoredCorrupt(ReadResponse(status=Status.FRAGMENT_CORRUPT, offset=offset,
+                                         message=str(exc))) from None
     stop = min(frag.end, end_offset) if end_offset else frag.end
-    view = memoryview(data)
-    while offset < stop:
-        n = min(READ_CHUNK, stop - offset)
-        conn.write(ReadContent(offset=offset), view[offset - frag.begin:offset - frag.begin + n])
-        offset += n
-        await conn.drain()
+    sentinel = b""
+    try:
+        while offset < stop:
+            data = await asyncio.to_thread(next, chunks, sentinel)
+            if not data:
+                break
+            data = data[:stop - offset]
+            conn.write(ReadContent(offset=offset), data)
+            offset += len(data)
+            await conn.drain()
+    finally:
+        chunks.close()
     return offset
 
 
@@ -67,14 +95,15 @@ async def connect_member(endpoints, peer: dict,  # noqa: ANN001
 async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, header,  # noqa: ANN001
                  offset: int, *, end_offset: int, held_only: bool = False,
                  lineage: tuple[tuple[int, int], ...] = (),
-                 relay_refusal: bool = True) -> tuple[int, Status | None]:
+                 relay_refusal: bool = True,
+                 stores: tuple[str, ...] = ()) -> tuple[int, Status | None]:
     """Read [offset, end_offset) (0: no end) at `upstream` with `do_not_proxy`, relaying
     its frames to `conn`; returns the offset reached and how the upstream's RPC ended.
 
     `do_not_proxy` also tells the upstream the reader fetches persisted fragments itself:
     for such a fragment it answers with the URL and ends its RPC. Our reader did not ask
     for that, so we stream the fragment from the store ourselves and ask again from its
-    end. A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
+    end (other copies: `stores`, the journal's). A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
     upstream connection ends it with None."""
     while True:
         await upstream.send(ReadRequest(
@@ -100,7 +129,11 @@ async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, head
                     return offset, Status.OK
                 offset = msg.offset
                 if msg.fragment_url and msg.fragment is not None:
-                    offset = await stream_stored(conn, msg.fragment, offset, end_offset)
+                    try:
+                        offset = await stream_stored(conn, msg.fragment, offset, end_offset, stores)
+                    except StoredCorrupt as exc:
+                        await conn.send(exc.response)
+                        return offset, Status.FRAGMENT_CORRUPT
                     break  # the upstream ended its RPC at the URL: ask again from here
             elif isinstance(msg, ReadContent):
                 offset = msg.offset + len(frame.payload)
@@ -110,7 +143,8 @@ async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, head
             return offset, Status.OK
 
 
-async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None) -> bool:  # noqa: ANN001
+async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None = None,  # noqa: ANN001
+                     stores: tuple[str, ...] = ()) -> bool:
     """Forward to a member with our derived READ token (`peer`: Host.peer_auth); the
     member is asked with `do_not_proxy` (no second hop). We end our RPC where the
     member's ends: a non-OK status, metadata only, `end_offset` reached."""
@@ -121,7 +155,7 @@ async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None
         return True
     try:
         _, ended = await relay(conn, upstream, req, res.header, req.offset,
-                                end_offset=req.end_offset)
+                                end_offset=req.end_offset, stores=stores)
         return ended is not None  # a member lost mid-read: our reader retries elsewhere
     finally:
         await upstream.close()
@@ -165,7 +199,8 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
             reached, ended = await relay(conn, upstream, req, res.header, offset,
                                           end_offset=gap_end, held_only=True,
                                           lineage=lineage if former else (),
-                                          relay_refusal=False)
+                                          relay_refusal=False,
+                                          stores=journal_stores(broker, req.journal))
         except (ConnectionError, OSError):
             return None
         finally:

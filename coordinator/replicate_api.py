@@ -172,4 +172,4 @@ async def serve_replicate(broker, conn: FrameStream, first: ReplicateProposal) -
             replica.spool_lock.release()
         poke = getattr(getattr(broker, "topology", None), "poke", None)
         if poke is not None:
-            poke()  # hosting re-evaluates (a replica no longer assigned may now retire)
+            poke(replica.journal)  # hosting re-evaluates it (no longer assigned: may retire)

@@ -36,7 +36,7 @@ from protocol.auth import Capability
 from protocol.errors import ProtocolError
 from protocol.logs import get_logger
 
-from .read_relay import connect_member, stream_stored
+from .read_relay import StoredCorrupt, connect_member, stream_stored
 from .replica import Replica
 
 log = get_logger(__name__)
@@ -95,7 +95,10 @@ async def _member_disagrees(endpoint: str, auth: dict, fragment: Fragment, ours:
                             return None  # it holds nothing more: no disagreement there
                         if msg.fragment_url and msg.fragment is not None:
                             sink, before = _Collect(), offset
-                            await stream_stored(sink, msg.fragment, msg.offset, fragment.end)
+                            try:
+                                await stream_stored(sink, msg.fragment, msg.offset, fragment.end)
+                            except StoredCorrupt:
+                                return None  # no proven copy to compare with
                             for at, data in sink.chunks:
                                 diff = first_difference(ours, fragment.begin, at, data)
                                 if diff is not None:

@@ -45,6 +45,7 @@ from protocol.auth import TokenError, authorize_apply
 from protocol.errors import Forbidden, ProtocolError, QuireError, ValidationError
 from protocol.stream import FrameStream, serve_frames
 
+from . import metrics
 from .append_api import serve_append
 from .auth_gate import REFUSAL_RESPONSE, ConnAuth, Gate, refusal_response
 from .drain import drain, record_heads
@@ -91,6 +92,8 @@ class Server(Host):
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        # Read at scrape time from the metrics thread (all_tasks copes with that).
+        metrics.ASYNCIO_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
         for sig, handler in ((signal.SIGTERM, self.stopping.set), (signal.SIGINT, self.stopping.set),
                              (signal.SIGUSR2, _dump_tasks)):
             try:

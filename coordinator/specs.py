@@ -75,12 +75,20 @@ async def apply_specs(client: aetcd.Client, root: str, changes: Sequence[ApplyCh
     at, so what was authorized is exactly what is replaced."""
     validate_changes(changes)
     compares, ops = [], []
+    read: dict[str, int] = {}
     if guard is not None:
-        compares = await _guarded(client, root, changes, guard)
+        read = await _guarded(client, root, changes, guard)
     for ch in changes:
         name = ch.upsert.name if ch.upsert is not None else ch.delete
         key = journal_key(root, name)
-        if ch.expect_mod_revision == 0:
+        if name in read:
+            # One compare per key (etcd counts compares against --max-txn-ops): the
+            # revision the guard read, which an expected revision must equal.
+            if ch.expect_mod_revision not in (-1, read[name]):
+                raise EtcdTransactionFailed(f"journal {name!r} is at revision {read[name]}, "
+                                            f"not {ch.expect_mod_revision}")
+            compares.append(cmp_version(key, 0) if read[name] == 0 else cmp_mod(key, read[name]))
+        elif ch.expect_mod_revision == 0:
             compares.append(cmp_version(key, 0))
         elif ch.expect_mod_revision > 0:
             compares.append(cmp_mod(key, ch.expect_mod_revision))
@@ -96,10 +104,11 @@ async def apply_specs(client: aetcd.Client, root: str, changes: Sequence[ApplyCh
 
 
 async def _guarded(client: aetcd.Client, root: str, changes: Sequence[ApplyChange],
-                   guard: Guard) -> list:
+                   guard: Guard) -> dict[str, int]:
+    """Show the guard each change; {name: mod revision read (0 = absent)} to pin to."""
     names = [ch.upsert.name if ch.upsert is not None else ch.delete for ch in changes]
     result = await txn(client, [], [range_op(journal_key(root, n)) for n in names])
-    seen, pins = [], []
+    seen, pins = [], {}
     for name, ch, resp in zip(names, changes, result.responses):
         kvs = resp.response_range.kvs
         current = None
@@ -108,9 +117,9 @@ async def _guarded(client: aetcd.Client, root: str, changes: Sequence[ApplyChang
                 current = msgspec.json.decode(kvs[0].value, type=JournalSpec)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 current = None  # unreadable: authorized by name alone
-            pins.append(cmp_mod(journal_key(root, name), kvs[0].mod_revision))
+            pins[name] = kvs[0].mod_revision
         else:
-            pins.append(cmp_version(journal_key(root, name), 0))
+            pins[name] = 0
         seen.append((name, current, ch.upsert))
     guard(seen)
     return pins

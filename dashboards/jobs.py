@@ -74,6 +74,10 @@ def job_rows(root: str, kvs: Iterable[tuple[bytes, bytes]],
         shown = [_run_row(r) for r in mine[-LAST_RUNS:]]
         read = shown[-1]["journals"] if shown else []
         status_out = msgspec.to_builtins(status) if status is not None else None
+        if status_out is not None:
+            # The scheduler's reason names every journal short of the window, not only
+            # those `journals_of` lists for a scoped token: `quire jobs runs` shows it.
+            status_out.pop("reason", None)
         if status_out is not None and watermarks is not None and read:
             status_out["watermark_now"] = min(watermarks.get(j, 0.0) for j in read)
         rows.append({

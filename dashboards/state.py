@@ -20,6 +20,7 @@ import aetcd
 import redis.asyncio as aioredis
 
 from fragment_store.index_keys import STATS_KEY, WATERMARKS_KEY, decode_stats
+from fragment_store.persist_status import BACKLOG_KEY, FAILURES_KEY, parse_backlog, parse_failures
 from fragment_store.stats import StoreStats
 from protocol import ProcessId
 from quire.client import Client
@@ -142,9 +143,19 @@ class StateCollector:
         storage = await self._storage(errors)
         # A Redis that could not be read for the stats is reported once, not asked again.
         watermarks = await self._watermarks(errors) if len(errors) == before else None
+        backlog, failures = (await self._persist_status(errors) if len(errors) == before
+                             else (None, None))
         state = _join(self, topo, listed, brokers, heads, storage, errors)
+        now = time.time()
         for j in state["journals"]:
             j["watermark"] = watermarks.get(j["name"]) if watermarks is not None else None
+            b = backlog.get(j["name"]) if backlog is not None else None
+            j["backlog"] = (None if backlog is None else
+                            {"bytes": b.bytes if b else 0, "age": b.age(now) if b else 0.0,
+                             "fragments": b.fragments if b else 0})
+            f = failures.get(j["name"]) if failures else None
+            j["persist_failure"] = ({"reason": f.reason, "message": f.message, "store": f.store,
+                                     "count": f.count, "last": f.last} if f else None)
         state["jobs"] = job_rows(self.root, self._job_kvs, watermarks) if topo else []
         return state
 
@@ -173,6 +184,20 @@ class StateCollector:
                 errors.append(f"redis: watermark of {key.decode(errors='replace')}: "
                               f"{value[:40]!r} is not a number")
         return out
+
+    async def _persist_status(self, errors: list[str]) -> tuple[dict | None, dict | None]:
+        """(journal -> PersistBacklog, journal -> PersistFailure) from the workers' Redis
+        (fragment_store/persist_status.py); (None, None) without Redis or on error."""
+        if not self.redis_url:
+            return None, None
+        try:
+            r = self._redis_client()
+            raw_backlog, raw_failures = await asyncio.wait_for(
+                asyncio.gather(r.hgetall(BACKLOG_KEY), r.hgetall(FAILURES_KEY)), self.timeout)
+        except Exception as exc:  # noqa: BLE001 - shown on the page, the rest still renders
+            errors.append(f"redis: persistence backlog: {_why(exc)}")
+            return None, None
+        return parse_backlog(raw_backlog), parse_failures(raw_failures)
 
     async def _storage(self, errors: list[str]) -> dict[str, StoreStats]:
         """Per-journal storage stats the index workers keep in Redis ({} without Redis)."""

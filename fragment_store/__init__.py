@@ -5,9 +5,12 @@ Layer 2: imports `protocol` and third-party libraries only.
     keys      content-addressed object keys (fragment_key / parse_key)
     codecs    none / gzip / zstd / snappy / gzip-offload, streaming
     stores    FragmentStore (file://, s3://) and open_store(url)
-    persist   persist_fragment / read_fragment / list_fragments
+    persist   persist_fragment / list_fragments (and the unproven stream_unverified)
+    proof     prove / prove_stored: the SHA-1 proof, quarantine, metrics
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
+    verified  read_fragment / read_verified — the one verifying reader (proof before any byte, fallback
+              to other copies, quarantine, mend); FragmentCorrupt
     stats     store_stats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
@@ -34,7 +37,14 @@ from .persist import (
     fragment_url,
     list_fragments,
     persist_fragment,
+)
+from .verified import (
+    FragmentCorrupt,
+    prove_stored,
+    quarantine,
     read_fragment,
+    read_verified,
+    verify_stored,
 )
 from .stores import (
     HEALTH_KEY,
@@ -47,7 +57,8 @@ from .stores import (
 )
 
 __all__ = [
-    "EXTENSION", "HEALTH_KEY", "ChecksumMismatch", "CodecError", "CoverSet", "FileStore",
+    "EXTENSION", "HEALTH_KEY", "ChecksumMismatch", "FragmentCorrupt", "prove_stored", "quarantine",
+    "read_verified", "verify_stored", "CodecError", "CoverSet", "FileStore",
     "FragmentNotFound", "FragmentStore", "InvalidFragmentKey", "InvalidStoreKey", "Manifest",
     "ObjectInfo", "S3Store", "StoreAccessDenied", "StoreError", "StoreNotFound",
     "StoreUnavailable", "clear_store_cache", "compress", "compress_chunks", "compressor",

@@ -88,6 +88,11 @@ class AppendRequest(Message, frozen=True):
     """The etcd revision of the header the client's route of the journal came from: an
     OK answer resolved at that same revision omits its header (the route is current),
     sparing both sides a header per append. 0: always send it."""
+    roll_below: int = 0
+    """If non-zero, the primary first closes (rolls) its open fragment when that fragment
+    holds content below this offset, so the content becomes a closed fragment the
+    persisters store. The jobs scheduler sends it with a zero-byte append to complete a
+    window whose journal's open fragment would otherwise never close (docs/jobs.md)."""
 
 
 class AppendChunk(Message, frozen=True):

@@ -90,6 +90,16 @@ class Status(enum.IntEnum):
     """A member's spool failed for good (EIO, a read-only filesystem): the member
     refuses every write and gives its journals to healthy members; the message names
     the member and the error. Nothing was written; retry once the route moved."""
+    ETCD_LIMIT_EXCEEDED = 70
+    """etcd refused a transaction over one of its limits: too many operations
+    (`--max-txn-ops`, 128 by default) or a request too large (`--max-request-bytes`,
+    1.5 MiB by default). The message names the limit and the flag that makes smaller
+    transactions (`--max-txn-size`). Nothing of that transaction was written; not
+    retriable as it is."""
+    FRAGMENT_CORRUPT = 71
+    """A read reached a persisted fragment whose every stored copy failed its SHA-1
+    proof (fragment_store/verified.py) and no member holds it: the message names the
+    journal, the fragment and the stores. No byte of it was sent."""
 
     @property
     def retriable(self) -> bool:

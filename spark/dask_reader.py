@@ -58,7 +58,7 @@ def read_span_frame(span: Span, opts: ReadOptions, schema: Any) -> Any:
     from .arrow import read_record_batches
     from .framing import StoreRef
 
-    ref = StoreRef(opts.store, opts.store_options, opts.verify)
+    ref = StoreRef(opts.store, opts.store_options, opts.verify, opts.fallback_stores)
     batches = list(read_record_batches(span, ref, schema, opts.framing, opts.batch_bytes))
     table = pa.Table.from_batches(batches, schema=schema)
     return table.to_pandas(types_mapper=_types_mapper)
@@ -99,7 +99,7 @@ def read_journals(store: str, *, schema: Any = None, **options: Any) -> Any:
 def _span_tuples(span: Span, opts: ReadOptions) -> list[tuple[str, int, bytes]]:
     from .framing import StoreRef, read_span, strip_delimiters
 
-    ref = StoreRef(opts.store, opts.store_options, opts.verify)
+    ref = StoreRef(opts.store, opts.store_options, opts.verify, opts.fallback_stores)
     out: list[tuple[str, int, bytes]] = []
     for b in read_span(span, ref, framing=opts.framing, batch_bytes=opts.batch_bytes):
         values = b.values if opts.framing == "raw" else strip_delimiters(b.values)

@@ -123,7 +123,7 @@ class QuireReader(DataSourceReader):
         from .framing import StoreRef
 
         opts = self.options
-        ref = StoreRef(opts.store, opts.store_options, opts.verify)
+        ref = StoreRef(opts.store, opts.store_options, opts.verify, opts.fallback_stores)
         yield from read_record_batches(partition.span, ref,  # type: ignore[attr-defined]
                                        self.arrow_schema, opts.framing, opts.batch_bytes)
 

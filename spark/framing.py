@@ -53,13 +53,18 @@ class StoreRef:
     url: str
     options: dict[str, Any] = field(default_factory=dict)
     """Keywords for fragment_store.open_store (S3 endpoint, credentials, ...)."""
-    verify: bool = False
-    """Check the SHA-1 of every fragment read whole (lengths are always checked)."""
+    verify: bool = True
+    """Prove every fragment by its SHA-1 before any byte of it is framed; False only from
+    the option unverifiedReadsRiskCorruption (a rotten byte then becomes a row)."""
+    stores: tuple[str, ...] = ()
+    """Other stores with copies (option fallbackStores): a corrupt copy is replaced."""
 
     def open(self, url: str = "") -> Any:
         from fragment_store import open_store  # cached per URL + options, per process
 
-        return open_store(url or self.url, **(self.options if not url or url == self.url else {}))
+        url = url or self.url
+        same_kind = url.split("://", 1)[0] == self.url.split("://", 1)[0]
+        return open_store(url, **(self.options if same_kind else {}))
 
 
 READ_PAST_CHUNK = 64 << 10
@@ -70,13 +75,20 @@ def fragment_chunks(fragment: Fragment, offset: int, ref: StoreRef,
                     read_past: bool = False) -> Iterator[bytes]:
     """Raw (decompressed) content of `fragment` from journal `offset` to its end.
 
-    Reading past a span's end usually needs a few bytes of the next fragment: decompress
-    it in small chunks rather than fragment_store's default 1 MiB."""
+    Proven first (fragment_store.verified: the whole fragment, bounded memory), other
+    copies tried in `ref.url` and `ref.stores`. Reading past a span's end usually needs a
+    few bytes of the next fragment: it is handed on in small chunks."""
     from fragment_store import read_fragment
 
     store = ref.open(fragment.backing_store)
+    if ref.verify:
+        from fragment_store.verified import BATCH_SPILL_BYTES, read_verified
+
+        return read_verified(fragment, offset, store=store, stores=(ref.url, *ref.stores),
+                             open_store=ref.open, chunk=READ_PAST_CHUNK if read_past else 1 << 20,
+                             cache=True, spill_bytes=BATCH_SPILL_BYTES)
     if not read_past or fragment.codec.value == "none" or offset != fragment.begin:
-        return read_fragment(store, fragment, offset, verify=ref.verify)
+        return read_fragment(store, fragment, offset, verify=False)
     from fragment_store.codecs import decompress_chunks
     from fragment_store.keys import fragment_key
 

@@ -27,7 +27,8 @@ _STORE_OPTIONS = {  # data source option -> open_store keyword
 }
 KNOWN = {"store", "path", "journal", "journals", "selector", "begin", "end", "framing", "mode",
          "maxspanbytes", "minspanbytes", "splitcompressed", "readpastfragments", "batchbytes",
-         "etcd", "etcdroot", "etcdca", "etcdcert", "etcdkey", "index", "verify", *_STORE_OPTIONS}
+         "etcd", "etcdroot", "etcdca", "etcdcert", "etcdkey", "index", "verify",
+         "unverifiedreadsriskcorruption", "fallbackstores", *_STORE_OPTIONS}
 INDEX_SOURCES = ("listing", "manifest")
 
 
@@ -54,8 +55,12 @@ class ReadOptions:
     read_past_fragments: int = DEFAULT_READ_PAST_FRAGMENTS
     batch_bytes: int = 4 << 20
     index: str = "listing"
-    verify: bool = False
-    """Check each wholly-read fragment's SHA-1 (length is always checked)."""
+    verify: bool = True
+    """Prove every fragment by its SHA-1 before a byte of it is framed (docs/integrity.md);
+    off only with the option `unverifiedReadsRiskCorruption=true`."""
+    fallback_stores: tuple[str, ...] = ()
+    """Other stores holding copies of the fragments (option `fallbackStores`, comma
+    separated; the journals' `fragment.stores`): a corrupt copy is read from these."""
     etcd: str = ""
     etcd_root: str = "/quire"
     etcd_tls: tuple[str, str, str] = ("", "", "")
@@ -84,6 +89,15 @@ def _int(opts: Mapping[str, str], name: str, default: int | None, minimum: int =
     if value < minimum:
         raise OptionError(name, f"{value} must be >= {minimum}")
     return value
+
+
+def _verify(opts: Mapping[str, str]) -> bool:
+    """Verification is on unless unverifiedReadsRiskCorruption=true; the old `verify`
+    option may only say true (a `verify=false` would silently risk corruption)."""
+    if "verify" in opts and not _bool(opts, "verify", True):
+        raise OptionError("verify", "fragments are always proven by their SHA-1; to read "
+                                    "unproven bytes say unverifiedReadsRiskCorruption=true")
+    return not _bool(opts, "unverifiedReadsRiskCorruption", False)
 
 
 def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -170,7 +184,8 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         split_compressed=_bool(opts, "splitCompressed", False),
         read_past_fragments=_int(opts, "readPastFragments", DEFAULT_READ_PAST_FRAGMENTS) or 0,
         batch_bytes=_int(opts, "batchBytes", 4 << 20, 1 << 10) or (4 << 20),
-        index=index, verify=_bool(opts, "verify", False),
+        index=index, verify=_verify(opts),
+        fallback_stores=tuple(u.strip() for u in opts.get("fallbackstores", "").split(",") if u.strip()),
         etcd=opts.get("etcd", "").strip(),
         etcd_root=(opts.get("etcdroot", "").strip() or "/quire").rstrip("/") or "/quire",
         etcd_tls=(opts.get("etcdca", "").strip(), opts.get("etcdcert", "").strip(),

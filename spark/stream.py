@@ -92,6 +92,6 @@ class QuireStreamReader(StreamPlanning, DataSourceStreamReader):
         from .arrow import read_record_batches
         from .framing import StoreRef
 
-        ref = StoreRef(opts.store, opts.store_options, opts.verify)
+        ref = StoreRef(opts.store, opts.store_options, opts.verify, opts.fallback_stores)
         yield from read_record_batches(part, ref, self.arrow_schema, opts.framing,
                                        opts.batch_bytes)

@@ -122,3 +122,34 @@ def test_atexit_kills_what_the_program_forgot(tmp_path: Path) -> None:
     )
     pid = int(out.stdout.strip())
     wait_for(lambda: not pid_alive(pid), timeout=5, what=f"forgotten pid {pid} to die")
+
+
+def test_sigkill_of_the_program_takes_its_services_even_from_short_lived_threads() -> None:
+    # A program SIGKILLed (no atexit, no finally) after starting services from the main
+    # thread, from a thread that has exited since, and from asyncio.to_thread: the
+    # kernel's parent-death signal still kills each (tools/lifetime.py).
+    script = textwrap.dedent(
+        """
+        import asyncio, os, signal, sys, threading, time
+        from tools.services import Service
+        pids = [Service("main", ["sleep", "300"]).start().pid]
+        def in_thread(): pids.append(Service("thread", ["sleep", "300"]).start().pid)
+        t = threading.Thread(target=in_thread); t.start(); t.join()
+        async def main():
+            return await asyncio.to_thread(lambda: Service("pool", ["sleep", "300"]).start().pid)
+        pids.append(asyncio.run(main()))  # the loop's executor threads are gone after this
+        time.sleep(0.5)
+        from tools.services import pid_alive
+        assert all(pid_alive(p) for p in pids), "a service died with the thread that started it"
+        print(*pids, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == -9, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 3
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=5,
+             what=f"services {pids} of a SIGKILLed program to die")

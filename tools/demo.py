@@ -32,6 +32,7 @@ from pathlib import Path
 from quire.client import AppendService, Client, Mapper, encode, read_messages
 from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
 from tools import demo_jobs
+from tools.lifetime import dying_with_us, interrupt_on_sigterm
 from tools.local_cluster import ROOT
 from tools.output import line_buffered, make_console, make_table
 from tools.services import ServiceError
@@ -123,7 +124,7 @@ def _spark_job(data_dir: Path, store: str) -> int:
             "--selector", "prefix=demo/events/", "--out", str(out), "--master", "local[2]"]
     console.print(f"running the example batch job: {' '.join(argv[2:])}", highlight=False)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(dying_with_us(argv), capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         console.print("[red]batch job timed out after 300s[/]")
         return 1
@@ -147,7 +148,7 @@ def _streaming_job(endpoints: list[str]) -> int:
             "--max-bytes-per-trigger", str(100 << 10), "--until-idle", "--master", "local[2]"]
     console.print(f"running the continuous job: {' '.join(argv[2:])}", highlight=False)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(dying_with_us(argv), capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         console.print("[red]streaming job timed out after 300s[/]")
         return 1
@@ -164,6 +165,7 @@ def main(data_dir: str | None = None) -> int:
     from tools.local_cluster import LocalCluster
 
     line_buffered()  # `make run > log`: each line reaches the log as it is printed
+    interrupt_on_sigterm()  # SIGTERM stops the cluster as Ctrl-C does
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="quire-demo-"))
     started = time.monotonic()
     try:

@@ -23,6 +23,7 @@ from protocol import Codec, FragmentSpec, JournalSpec, LabelSet
 from protocol.shard import ShardSource, ShardSpec
 from quire.client import Client
 from topology.etcd import connect
+from tools.lifetime import dying_with_us
 from tools.output import make_console, make_table
 from topology.shards import ShardChange, apply_shards, list_statuses
 
@@ -64,7 +65,7 @@ async def _run(endpoints: list[str], etcd_url: str, root: str, store: str, expec
                           "consumers.examples.counts:Counts --zone demo --id consumer-1 …",
                           highlight=False)
             log = open(data_dir / "consumer.log", "ab")  # noqa: SIM115 - closed below
-            member = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+            member = subprocess.Popen(dying_with_us(argv), stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
             deadline = time.monotonic() + WAIT
             totals: dict[str, int] = {}

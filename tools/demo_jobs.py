@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from protocol.job import JobRun, RunState
+from tools.lifetime import dying_with_us
 from tools.output import make_console
 
 console = make_console()
@@ -40,7 +41,7 @@ def _quire() -> list[str]:
 def _cli(etcd_url: str, root: str, *args: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([*_quire(), *args, "--etcd", etcd_url, "--root", root],
+    return subprocess.run(dying_with_us([*_quire(), *args, "--etcd", etcd_url, "--root", root]),
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "160"})  # one line per run
 

@@ -12,8 +12,14 @@ peer URL), and every coordinator keeps its id and spool directory.
 
 Stopping drains first: every coordinator gets SIGTERM at once (each rolls the spools it
 leads and waits, at most DRAIN_TIMEOUT, for the still-running workers to persist them),
-then the rest stops in reverse start order. A second run then reads everything and
-appends on where the first one stopped.
+then the worker, beat, the dashboard and Flower together, then Redis and etcd. Each
+phase has its bound (STOP_BOUND in all); a member still running at the end of its
+phase is SIGKILLed, and what each coordinator's drain left on disk is said. A second
+run then reads everything and appends on where the first one stopped.
+
+Every member dies with the process that started it, even on SIGKILL (tools/lifetime.py),
+and the data dir's run record (tools/cluster_run.py) lets the next run in the same data
+dir reap anything that survived anyway, and refuses a second run while one is alive.
 
 `quire up` itself (printing, supervising restarts, signals) is tools/supervisor.py.
 """
@@ -26,17 +32,29 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tools.cluster_env import ROOT, ClusterEnv
+from tools.cluster_run import RunDir
+from tools.cluster_stop import stop_phase
 from tools.services import CeleryWorkerService, EtcdService, RedisService, Service, ServiceError
 from tools.services.process import free_port
 
 DRAIN_TIMEOUT = 30.0
 """`--drain-timeout` of each coordinator: the most a stop waits for its drain."""
+COORDINATOR_GRACE = 5.0
+"""Beyond its drain, what a coordinator gets to exit before it is SIGKILLed."""
+MEMBER_STOP = 15.0
+"""The worker (its warm shutdown), beat, the dashboard and Flower, together."""
+STORE_STOP = 10.0
+"""Redis and etcd, together, last."""
+STOP_BOUND = DRAIN_TIMEOUT + COORDINATOR_GRACE + MEMBER_STOP + STORE_STOP
+"""The most a stop takes before every member is gone (docs/operations.md), a moment
+for SIGKILLed members to be reaped aside."""
 
 
 def _port_free(port: int) -> bool:
@@ -87,6 +105,22 @@ class LocalCluster(ClusterEnv):
                  auth: bool = False, secure: bool = False) -> None:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.say: Callable[[str], None] = lambda text: None
+        """Where the stop reports its progress (`quire up` prints it)."""
+        self._hurry = threading.Event()
+        self.up = False
+        """True from the moment its env file is written (clients find it) until stop()."""
+        self.run = RunDir(self.data_dir)
+        self.run.acquire()  # AlreadyRunning if a live quire up has this data dir
+        try:
+            self.reaped = self.run.reap()  # before the ports: a leftover may hold them
+            self._init(coordinators, store, flower, zones, port, tls, auth, secure)
+        except BaseException:
+            self.run.release()
+            raise
+
+    def _init(self, coordinators: int, store: str | None, flower: bool, zones: int, port: int,
+              tls: bool, auth: bool, secure: bool) -> None:
         self.n = coordinators
         self.zones = zones
         self.store = store or (self.data_dir / "fragments").as_uri() + "/"
@@ -169,13 +203,28 @@ class LocalCluster(ClusterEnv):
 
     # -- lifecycle ------------------------------------------------------------------
 
+    def env(self) -> dict[str, str]:
+        """ClusterEnv.env() and this run's token (tools/cluster_run.py: what lets the
+        next run tell a leftover of this one from a stranger)."""
+        return {**super().env(), "QUIRE_UP_RUN": self.run.token}
+
+    def _spawned(self, svc: Service) -> None:
+        self.run.record({s.name: s.identity for s in self.services
+                         if s.identity is not None and s.running})
+
     def _start(self, svc: Service) -> Service:
         self.services.append(svc)
+        svc.on_spawn = self._spawned
         svc.start()
         return svc
 
     def start(self) -> LocalCluster:
+        if not self.run.held:  # started again after a stop
+            self.run.acquire()
+            self.reaped = self.run.reap()
+        self._hurry.clear()
         try:
+            self.run.set_state("starting")
             sec = self.secure
             self._start(EtcdService("etcd", client_port=self.ports["etcd_client"],
                                     peer_port=self.ports["etcd_peer"],
@@ -196,6 +245,8 @@ class LocalCluster(ClusterEnv):
             self._start_workers()
             self._start_dashboard()
             self._write_env_file()
+            self.run.set_state("up")
+            self.up = True
         except BaseException:
             self.stop()
             raise
@@ -229,6 +280,7 @@ class LocalCluster(ClusterEnv):
             svc.describe = lambda e=endpoint, z=zone: f"{e} (zone {z})"  # type: ignore[method-assign]
             self.services.append(svc)
             self.coordinators.append(svc)
+            svc.on_spawn = self._spawned
             svc.start(wait=False)
             pending.append(svc)
         for svc in pending:  # start in parallel, then wait for each
@@ -285,26 +337,37 @@ class LocalCluster(ClusterEnv):
         dash.describe = lambda: self.dashboard_url  # type: ignore[method-assign]
         self._start(dash)
 
+    def hurry(self) -> None:
+        """Cut the stop short: every member still running is SIGKILLed now (a second
+        Ctrl-C or SIGTERM to `quire up`)."""
+        self._hurry.set()
+
     def stop(self) -> None:
         """Coordinators first, all at once (each drains while the workers still persist),
-        then the rest in reverse start order: etcd last."""
-        errors = []
+        then the worker, beat, dashboard and Flower, then Redis and etcd; each phase
+        bounded (STOP_BOUND in all), a member past its phase's bound SIGKILLed."""
         self._remove_env_file()  # first: from now on no command should find this cluster
-
-        def stop(svc: Service) -> None:
-            try:
-                svc.stop()
-            except ServiceError as exc:
-                errors.append(str(exc))
-
-        if self.coordinators:
-            with ThreadPoolExecutor(len(self.coordinators)) as pool:
-                list(pool.map(stop, self.coordinators))
-        for svc in reversed(self.services):
-            if svc not in self.coordinators:
-                stop(svc)
-        self.services.clear()
-        self.coordinators.clear()
+        self.up = False
+        errors: list[str] = []
+        if any(s.pid is not None for s in self.services):
+            self.say(f"stopping… (at most {STOP_BOUND:g}s: coordinators drain first, up to "
+                     f"{DRAIN_TIMEOUT:g}s; Ctrl-C again kills every member now)")
+        if self.run.held:
+            self.run.set_state("stopping")
+        try:
+            coordinators = [s for s in self.coordinators if s in self.services]
+            stores = [s for s in self.services if isinstance(s, (EtcdService, RedisService))]
+            rest = [s for s in reversed(self.services) if s not in coordinators and s not in stores]
+            spools = {s.name: self.data_dir / "spool" / s.name for s in coordinators}
+            stop_phase(coordinators, DRAIN_TIMEOUT + COORDINATOR_GRACE, self.say, self._hurry,
+                       errors, "draining: in-flight appends, rolling spools, their persistence",
+                       spools)
+            stop_phase(rest, MEMBER_STOP, self.say, self._hurry, errors)
+            stop_phase(list(reversed(stores)), STORE_STOP, self.say, self._hurry, errors)
+        finally:
+            self.services.clear()
+            self.coordinators.clear()
+            self.run.release()
         if errors:
             raise ServiceError("; ".join(errors))
 

@@ -40,9 +40,12 @@ REDIS_ROLES: dict[str, str] = {
     "worker": "~* &* +@all -@admin -@dangerous +client|setname +client|id "
               "+info +keys +ping",
     "beat": "~index* ~pulse* ~prune* ~jobs* ~celery* ~_kombu.binding* &* "
+            # read-only: what `quire journals list --stats` shows the operator (whose
+            # QUIRE_REDIS_URL is this user's): watermarks, backlog, persist failures
+            "%R~quire:watermarks %R~quire:persist-* "
             "+@all -@admin -@dangerous +client|setname +client|id +ping",
-    "coordinator": "~persist* ~_kombu.binding* ~quire:index* &* +@all -@admin -@dangerous "
-                   "+client|setname +client|id +ping",
+    "coordinator": "~persist* ~_kombu.binding* ~quire:index* ~quire:persist-backlog* &* "
+                   "+@all -@admin -@dangerous +client|setname +client|id +ping",
 }
 
 

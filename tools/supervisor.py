@@ -8,8 +8,12 @@ loops) are tools/supervision.py's; `Supervisor` is the thin adapter that watches
 processes, waits, restarts and prints. `--no-restart` leaves a member that exits down,
 so its journals move to the others and stay moved.
 
-Ctrl-C / SIGTERM stops everything in order (LocalCluster.stop). The exit status is 0,
-or 6 when the cluster could not start or a member crash-looped and was given up on.
+Ctrl-C / SIGTERM stops everything in order (LocalCluster.stop, bounded by STOP_BOUND,
+saying what it waits for); a second one kills every member still running at once.
+During start-up the first one abandons the start (members started so far are stopped).
+The exit status is 0, or 6 when the cluster could not start (another `quire up` holds
+the data dir, a member never became ready) or a member crash-looped and was given up on,
+or 130 when a signal came before the cluster was up.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.cluster_run import AlreadyRunning
 from tools.local_cluster import LocalCluster
 from tools.services import Service, ServiceError
 from tools.supervision import Action, RestartPolicy, Supervision, describe_exit
@@ -31,6 +36,7 @@ from tools.supervision import Action, RestartPolicy, Supervision, describe_exit
 __all__ = ["Supervisor", "run_foreground"]
 
 EXIT_UNAVAILABLE = 6
+EXIT_INTERRUPTED = 130
 TICK = 0.2
 """Seconds between two looks at the members."""
 
@@ -148,12 +154,38 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
         console.print(text, highlight=False, markup=False)
 
     stop = threading.Event()
+    phase = ["starting"]
+    holder: list[LocalCluster] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        up = bool(holder) and holder[0].up  # its env file written: stop it as a running one
+        if phase[0] == "starting" and not up:  # abandon the start: start() stops what it started
+            phase[0] = "stopping"
+            raise KeyboardInterrupt
+        if phase[0] in ("starting", "running"):
+            stop.set()
+        elif holder:  # a second signal while stopping: kill what is left, now
+            say("second signal: killing every member still running")
+            holder[0].hurry()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     data = Path(data_dir) if data_dir else Path(os.environ.get("QUIRE_DATA_DIR")
                                                 or default_data_dir())
-    cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
-                           zones=zones, port=port, tls=tls, auth=auth, secure=secure)
+    try:
+        cluster = LocalCluster(data, coordinators=coordinators, store=store, flower=flower,
+                               zones=zones, port=port, tls=tls, auth=auth, secure=secure)
+    except AlreadyRunning as exc:
+        say(f"error: {exc}")
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    holder.append(cluster)
+    cluster.say = say
+    if cluster.reaped:
+        say(f"note: reaped {len(cluster.reaped)} process(es) the last quire up in "
+            f"{cluster.data_dir} left running: "
+            + ", ".join(f"{r.name} ({r.ident.describe()})" for r in cluster.reaped))
     custom = cluster.data_dir != default_data_dir().absolute()
     blanked = cluster.inherited_security()
     if blanked:
@@ -193,6 +225,7 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
         for note in cluster.notes:
             say(f"note: {note}")
         supervisor = Supervisor(list(cluster.services), RestartPolicy(restart=restart), say)
+        phase[0] = "running"
         while not stop.wait(TICK):
             supervisor.tick()
         if supervisor.crash_looped:
@@ -202,9 +235,12 @@ def run_foreground(*, coordinators: int, store: str | None, data_dir: str | None
     except ServiceError as exc:
         say(f"error: {' '.join(str(exc).split()[:60])}")
         return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:  # a signal during start-up: start() stopped what it started
+        say("interrupted while starting")
+        return EXIT_INTERRUPTED
     finally:
-        say("stopping…")
-        try:
+        phase[0] = "stopping"
+        try:  # (it says "stopping…" and its bound; after a failed start, nothing is left)
             cluster.stop()
         except ServiceError as exc:
             say(f"error while stopping: {exc}")

@@ -6,8 +6,11 @@ leader dies its lease expires, the key vanishes with its member key and assignme
 every other member's KeySpace sees the deletion and races to create it again.
 
 Leading: on each keyspace change (debounced, so a burst of events costs one pass) the
-leader snapshots the KeySpace, plans, and applies the changes in transactions of at most
-MAX_TXN_OPS operations. Each transaction carries a journal's changes whole and compares:
+leader snapshots the KeySpace, plans (on a worker thread: the planner is pure CPU), and
+applies the changes in transactions of at most MAX_TXN_OPS operations, then pauses at
+least as long as the pass took, so a stream of changes (thousands of journals advertising
+routes) costs the leader's event loop at most about half its time. Each transaction
+carries a journal's changes whole and compares, against the mirror the plan was made from:
 the leader key is still ours; the journal spec is unchanged (or still absent, to drop a
 deleted journal's assignments); every assignment of the journal is at the revision the
 plan saw (the consistency decision depended on all of them); new keys are absent; and
@@ -19,6 +22,7 @@ the plan was stale, and the next pass plans again from a newer mirror.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import aetcd
@@ -26,6 +30,8 @@ import msgspec
 import structlog
 
 from protocol import ProcessId
+from protocol.apply_chunks import MAX_TXN_OPS  # etcd's default, for compares and operations
+from protocol.errors import EtcdLimitExceeded
 
 from . import allocator_plan as ap
 from .assignments import is_consistent
@@ -50,21 +56,41 @@ __all__ = ["Allocator", "snapshot"]
 
 log = structlog.get_logger()
 
-MAX_TXN_OPS = 128  # etcd's default --max-txn-ops, for both compares and operations
 EMPTY_ROUTE = b"{}"
 
 
-def snapshot(keyspace: KeySpace) -> ap.AllocState:
+@dataclass(frozen=True, slots=True)
+class View:
+    """The mirror as one pass saw it: the plan is made from it, and every transaction
+    of the pass is guarded by its revisions (not by the live mirror, which moves while
+    the pass awaits etcd), so a change the plan did not see fails its transaction."""
+
+    journals: dict[str, Any]
+    members: dict[ProcessId, Any]
+    assign: dict[str, list[Assignment]]
+
+    def assignments(self, journal: str) -> list[Assignment]:
+        return self.assign.get(journal, [])
+
+
+def view_of(keyspace: KeySpace) -> View:
+    assign: dict[str, list[Assignment]] = {}
+    for a in keyspace.all_assignments():
+        assign.setdefault(a.journal, []).append(a)
+    return View(dict(keyspace.journals), dict(keyspace.members), assign)
+
+
+def snapshot(keyspace: KeySpace | View) -> ap.AllocState:
     """The planner's view of the mirror."""
+    view = keyspace if isinstance(keyspace, View) else view_of(keyspace)
     journals = {name: ap.JournalState(name, e.spec.desired_replication())
-                for name, e in keyspace.journals.items()}
+                for name, e in view.journals.items()}
     members = {pid: ap.MemberState(pid, e.spec.journal_limit, e.spec.exiting)
-               for pid, e in keyspace.members.items()}
+               for pid, e in view.members.items()}
     assignments = tuple(ap.AssignState(a.journal, a.member, a.slot, synced=a.value is not None,
                                        mod_revision=a.mod_revision)
-                        for a in keyspace.all_assignments())
-    consistent = frozenset(j for j in {a.journal for a in assignments}
-                           if is_consistent(keyspace.assignments(j)))
+                        for items in view.assign.values() for a in items)
+    consistent = frozenset(j for j, items in view.assign.items() if is_consistent(items))
     return ap.AllocState(journals, members, assignments, consistent)
 
 
@@ -94,6 +120,7 @@ class Allocator:
         because each transaction is atomic and the next leader replans from scratch."""
         while True:
             seen = self.keyspace.changed_revision
+            started = asyncio.get_running_loop().time()
             try:
                 if await self._elect():
                     await self.step()
@@ -105,8 +132,9 @@ class Allocator:
                 log.exception("allocator pass crashed", member=str(self.me))
             # A bounded wait: if a change arrived while we were busy we loop at once; the
             # idle check covers a lost wake-up (it costs one snapshot, no etcd call).
+            elapsed = asyncio.get_running_loop().time() - started
             await self.keyspace.wait_changed(seen, timeout=self.idle_check)
-            await asyncio.sleep(self.debounce)
+            await asyncio.sleep(max(self.debounce, min(elapsed, 2.0)))
 
     async def _elect(self) -> bool:
         if self.is_leader:
@@ -136,17 +164,25 @@ class Allocator:
     async def step(self) -> int:
         """One leader pass: snapshot, plan, apply. Returns the number of changes applied."""
         ks = self.keyspace
-        changes = ap.plan(snapshot(ks))
+        view = view_of(ks)
+        state = snapshot(view)
+        # Planning is pure CPU (tens of ms per thousand journals): off the event loop, so
+        # this member's lease refreshes and pipelines are not held up behind it.
+        changes = await asyncio.to_thread(ap.plan, state)
         if not changes:
             return 0
         applied, last_revision = 0, 0
-        for batch in self._batches(changes):
-            compares, ops = self._guards(batch), self._ops(batch)
+        for batch in self._batches(view, changes):
+            compares, ops = self._guards(view, batch), self._ops(view, batch)
             try:
                 result = await txn(self.client, compares, ops)
             except EtcdError as exc:
                 # Typically an assignee's lease expired under us; the mirror will show it.
                 log.info("allocator txn refused", error=str(exc), changes=len(batch))
+                continue
+            except EtcdLimitExceeded as exc:
+                # An etcd whose --max-txn-ops is below 128: say so, plainly, every pass.
+                log.error("allocator txn over etcd's limits", error=str(exc), changes=len(batch))
                 continue
             last_revision = max(last_revision, result.revision)
             if not result.succeeded:
@@ -164,7 +200,7 @@ class Allocator:
 
     # -- building transactions -----------------------------------------------------------
 
-    def _batches(self, changes: list[ap.Change]) -> list[list[ap.Change]]:
+    def _batches(self, view: View, changes: list[ap.Change]) -> list[list[ap.Change]]:
         """Changes grouped per journal (never split), packed into bounded transactions."""
         groups: dict[str, list[ap.Change]] = {}
         for c in changes:
@@ -174,7 +210,7 @@ class Allocator:
         cost = 0
         for journal in sorted(groups):
             group = groups[journal]
-            group_cost = len(group) * 2 + len(self.keyspace.assignments(journal)) + 2
+            group_cost = len(group) * 2 + len(view.assignments(journal)) + 2
             if current and cost + group_cost > MAX_TXN_OPS - 1:
                 batches.append(current)
                 current, cost = [], 0
@@ -184,8 +220,7 @@ class Allocator:
             batches.append(current)
         return batches
 
-    def _guards(self, batch: list[ap.Change]) -> list[Any]:
-        ks = self.keyspace
+    def _guards(self, ks: View, batch: list[ap.Change]) -> list[Any]:
         compares = [cmp_value(leader_key(self.root), str(self.me).encode()),
                     cmp_create(leader_key(self.root), self._leader_create_revision)]
         for journal in sorted({c.journal for c in batch}):
@@ -206,8 +241,7 @@ class Allocator:
                 compares.append(cmp_mod(member_key(self.root, c.member), m.mod_revision))
         return compares
 
-    def _ops(self, batch: list[ap.Change]) -> list[Any]:
-        ks = self.keyspace
+    def _ops(self, ks: View, batch: list[ap.Change]) -> list[Any]:
         ops = []
         for c in batch:
             if isinstance(c, ap.Add):
@@ -216,7 +250,7 @@ class Allocator:
             elif isinstance(c, ap.Remove):
                 ops.append(delete_op(self._key(c.journal, c.member, c.slot)))
             else:
-                old = self._find(c.journal, c.member, c.from_slot)
+                old = self._find(ks, c.journal, c.member, c.from_slot)
                 value = old.value if old is not None else None
                 ops.append(delete_op(self._key(c.journal, c.member, c.from_slot)))
                 # The value moves with the assignment: it records that this member took
@@ -226,8 +260,8 @@ class Allocator:
                                   ks.members[c.member].lease))
         return ops
 
-    def _find(self, journal: str, member: ProcessId, slot: int) -> Assignment | None:
-        return next((a for a in self.keyspace.assignments(journal)
+    def _find(self, ks: View, journal: str, member: ProcessId, slot: int) -> Assignment | None:
+        return next((a for a in ks.assignments(journal)
                      if a.member == member and a.slot == slot), None)
 
     def _key(self, journal: str, member: ProcessId, slot: int) -> str:

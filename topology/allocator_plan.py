@@ -159,8 +159,11 @@ def desired_placement(journals: dict[str, JournalState],
     limit = {m.id: m.limit for m in eligible}
     load = {m.id: 0 for m in eligible}
     placed: dict[str, list[ProcessId]] = {}
+    scores: dict[str, dict[ProcessId, int]] = {}
+    """Every (journal, member) weight, computed once: the balancing pass reads them often."""
     for name in sorted(journals):
-        ranked = sorted(eligible, key=lambda m: score(name, m.id), reverse=True)
+        weights = scores[name] = {m.id: score(name, m.id) for m in eligible}
+        ranked = sorted(eligible, key=lambda m: weights[m.id], reverse=True)
         chosen: list[ProcessId] = []
         # Zone spread beats balance (as in Gazette: two zones unless forced into one), and
         # quotas beat limits: each pass only fills what the stricter ones could not.
@@ -177,15 +180,27 @@ def desired_placement(journals: dict[str, JournalState],
                 zones.add(m.zone)
                 load[m.id] += 1
         placed[name] = chosen
-    _balance(placed, load, limit)
+    _balance(placed, load, limit, scores)
     for name, chosen in placed.items():
-        chosen.sort(key=lambda p: score(name, p), reverse=True)
+        weights = scores[name]
+        chosen.sort(key=lambda p: weights[p], reverse=True)
     return placed
 
 
 def _balance(placed: dict[str, list[ProcessId]], load: dict[ProcessId, int],
-             limit: dict[ProcessId, int]) -> None:
+             limit: dict[ProcessId, int], scores: dict[str, dict[ProcessId, int]]) -> None:
     """Move replicas from most to least loaded members until loads differ by <= 1."""
+    holding: dict[ProcessId, set[str]] = {p: set() for p in load}
+    """member -> the journals placed on it (kept as moves happen: each move scans only
+    the journals of the member it unloads, not every journal)."""
+    for name, chosen in placed.items():
+        for p in chosen:
+            holding[p].add(name)
+    stuck: set[tuple[ProcessId, ProcessId]] = set()
+    """(hi, lo) pairs without any journal to move: a move changes one journal only, so a
+    pair stays stuck unless that journal became movable for it (zones can pin every
+    replica of a member, e.g. the only member of a zone: scanning it on every move made
+    the pass quadratic)."""
     for _ in range(sum(load.values()) + 1):  # each move lowers the spread; bounded anyway
         by_load = sorted(load, key=lambda p: (load[p], p))
         move = None
@@ -193,39 +208,52 @@ def _balance(placed: dict[str, list[ProcessId]], load: dict[ProcessId, int],
             for lo in by_load:
                 if load[hi] - load[lo] < 2:
                     break
-                if load[lo] >= limit[lo]:
+                if load[lo] >= limit[lo] or (hi, lo) in stuck:
                     continue
-                move = _best_move(placed, hi, lo)
+                move = _best_move(placed, holding[hi], hi, lo, scores)
                 if move is not None:
                     break
+                stuck.add((hi, lo))
             if move is not None:
                 break
         if move is None:
             return
         name, hi, lo = move
         placed[name][placed[name].index(hi)] = lo
+        holding[hi].discard(name)
+        holding[lo].add(name)
         load[hi] -= 1
         load[lo] += 1
+        stuck = {pair for pair in stuck if not _movable(placed[name], *pair)}
 
 
-def _best_move(placed: dict[str, list[ProcessId]], hi: ProcessId,
-               lo: ProcessId) -> tuple[str, ProcessId, ProcessId] | None:
+def _movable(chosen: list[ProcessId], hi: ProcessId, lo: ProcessId) -> bool:
+    """Whether a journal placed on `chosen` may move its replica from `hi` to `lo`."""
+    if hi not in chosen or lo in chosen:
+        return False
+    before = len({p.zone for p in chosen})
+    after = len({p.zone for p in chosen if p != hi} | {lo.zone})
+    # Two zones survive any single-zone outage; spreading wider than that is only worth
+    # it while it costs no balance (a lone member in a third zone would otherwise have
+    # to hold every journal).
+    return after >= min(before, 2)
+
+
+def _best_move(placed: dict[str, list[ProcessId]], names: set[str], hi: ProcessId,
+               lo: ProcessId, scores: dict[str, dict[ProcessId, int]],
+               ) -> tuple[str, ProcessId, ProcessId] | None:
+    """The journal of `names` (those placed on `hi`) best moved to `lo`: the highest
+    gain, the first name among equal gains."""
     best: tuple[int, str] | None = None
-    for name in sorted(placed):
-        chosen = placed[name]
-        if hi not in chosen or lo in chosen:
-            continue
-        before = len({p.zone for p in chosen})
-        after = len({p.zone for p in chosen if p != hi} | {lo.zone})
-        # Two zones survive any single-zone outage; spreading wider than that is only
-        # worth it while it costs no balance (a lone member in a third zone would
-        # otherwise have to hold every journal).
-        if after < min(before, 2):
-            continue
+    for name in names:
         # Prefer the journal that ranks `lo` highest relative to `hi`: the move then
-        # agrees with what rendezvous hashing would choose without quotas.
-        gain = score(name, lo) - score(name, hi)
-        if best is None or gain > best[0]:
+        # agrees with what rendezvous hashing would choose without quotas. (The gain is
+        # checked first: it is cheap, and it rules out nearly every journal.)
+        weights = scores[name]
+        gain = weights[lo] - weights[hi]
+        if best is not None and (gain < best[0] or (gain == best[0] and name > best[1])):
+            continue
+        if _movable(placed[name], hi, lo):
             best = (gain, name)
     return None if best is None else (best[1], hi, lo)
 

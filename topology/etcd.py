@@ -26,15 +26,17 @@ import grpc
 from aetcd import rpc
 
 from protocol import ProcessId
-from protocol.errors import EtcdTransactionFailed, QuireError, Unavailable
+from protocol.errors import EtcdLimitExceeded, EtcdTransactionFailed, QuireError, Unavailable  # noqa: F401
 from protocol.status import Status
 
 from .etcd_client import EtcdClient, EtcdEndpointError, EtcdTLS, parse_endpoints
+from .etcd_limits import limit_error
 
 __all__ = [
     "AssignmentConflict",
     "DuplicateMember",
     "EtcdError",
+    "EtcdLimitExceeded",
     "EtcdRefused",
     "check_access",
     "MalformedKey",
@@ -50,6 +52,7 @@ __all__ = [
     "client_for",
     "connect",
     "describe_etcd_error",
+    "limit_error",
     "delete_op",
     "journal_key",
     "journals_prefix",
@@ -374,6 +377,9 @@ async def txn(client: aetcd.Client, compare: list[Any], success: list[Any],
         resp = await client.kvstub.Txn(request, timeout=client._timeout,  # noqa: SLF001
                                        metadata=client.metadata)
     except rpc.AioRpcError as exc:
+        limit = limit_error(exc, request)
+        if limit is not None:
+            raise limit from exc
         if isinstance(client, EtcdClient):
             client.note(exc, channel)
         raise EtcdError(f"etcd txn failed: {describe_etcd_error(exc)}") from exc

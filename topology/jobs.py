@@ -30,13 +30,17 @@ import msgspec
 from protocol.errors import EtcdTransactionFailed, QuireError, ValidationError
 from protocol.job import JobRun, JobSpec, validate_job_name
 
+from protocol.apply_chunks import MAX_TXN_BYTES, MAX_TXN_OPS, ApplyResult, Edit
+
 from .etcd import cmp_mod, cmp_version, delete_op, prefix_end, put_op, txn
+from .spec_apply import apply_edits
 
 __all__ = [
     "JobNotFound",
     "JobStatus",
     "RunEntry",
     "apply_job",
+    "apply_jobs",
     "create_run",
     "delete_job",
     "get_job",
@@ -71,6 +75,9 @@ class JobStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The lowest persisted watermark of the job's journals."""
     journals: int = 0
     note: str = ""
+    reason: str = ""
+    """Why the next window waits, per journal short of its end (+ delay), in words an
+    operator acts on (workers/jobs_wait.py); empty while it is not due yet."""
 
 
 def _root(root: str) -> str:
@@ -131,6 +138,30 @@ async def apply_job(client: aetcd.Client, root: str, spec: JobSpec,
     if not result.succeeded:
         raise EtcdTransactionFailed(f"job {spec.name!r} changed since read; read it and re-apply")
     return result.revision
+
+
+async def apply_jobs(client: aetcd.Client, root: str, specs: Sequence[JobSpec], *,
+                     max_txn_size: int = MAX_TXN_OPS, max_txn_bytes: int = MAX_TXN_BYTES,
+                     progress: Any = None) -> ApplyResult:
+    """Create or replace many specs (each validated first, no revision check) in
+    transactions that fit etcd's limits (topology/spec_apply.py): a spec equal to the
+    stored one is left unchanged; ApplyIncomplete names what was and was not applied
+    when a transaction fails part-way."""
+    seen: set[str] = set()
+    edits = []
+    for i, spec in enumerate(specs):
+        try:
+            spec.validate()
+        except ValidationError as exc:
+            raise exc.within(f"[{i}]" if len(specs) > 1 else "") from None
+        if spec.name in seen:
+            raise ValidationError(f"[{i}]", f"job {spec.name!r} appears twice")
+        seen.add(spec.name)
+        edits.append(Edit(spec.name, spec, -1, len(msgspec.json.encode(spec)), spec))
+    return await apply_edits(client, specs_prefix(root), edits,
+                             lambda _name, value: _SPEC.decode(value), what="job",
+                             max_txn_size=max_txn_size, max_txn_bytes=max_txn_bytes,
+                             progress=progress)
 
 
 async def get_job(client: aetcd.Client, root: str, job: str) -> tuple[JobSpec, int]:

@@ -51,6 +51,8 @@ __all__ = ["Assignment", "BrokerSpec", "JournalEntry", "KeySpace", "LeaderEntry"
 log = structlog.get_logger()
 
 MAX_BACKOFF = 2.0
+CATCH_UP_AFTER = 0.05
+"""Seconds a revision wait gives the watch before reading the prefix back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,12 @@ class KeySpace:
         self.members: dict[ProcessId, MemberEntry] = {}
         self.leader: LeaderEntry | None = None
         self._assign: dict[str, dict[tuple[ProcessId, int], Assignment]] = {}
+        self._sorted: dict[str, list[Assignment]] = {}
+        """journal -> its assignments sorted, kept until one of them changes (every
+        coordinator resolves every journal on each change: thousands of sorts)."""
+        self._of: dict[ProcessId, dict[tuple[str, int], Assignment]] = {}
+        """member -> its assignments (an index of `_assign`, so a member's own are found
+        without scanning every journal's)."""
         self.on_change: list[Callable[[KeySpace], None]] = []
         """Sync callbacks run after every applied batch that changed content."""
         self._applied = asyncio.Event()
@@ -110,16 +118,25 @@ class KeySpace:
         self._task: asyncio.Task[None] | None = None
         self._mods: dict[bytes, int] = {}
         """Every key under the prefix (decodable or not) -> its ModRevision."""
+        self._catching_up: asyncio.Future[None] | None = None
+        """The prefix read under way (`_catch_up`): concurrent waiters share it."""
+        self.touched: set[str] | None = None
+        """For `on_change` callbacks: the journals whose spec or assignments the batch
+        changed, or None when anything may have (a (re)load, a member or leader key), so
+        a follower can re-examine those journals alone, not every journal per change."""
 
     # -- reading ----------------------------------------------------------------------------
 
     def assignments(self, journal: str) -> list[Assignment]:
         """A journal's assignments sorted by slot (then member)."""
-        return sorted(self._assign.get(journal, {}).values(), key=lambda a: (a.slot, a.member))
+        cached = self._sorted.get(journal)
+        if cached is None:
+            cached = self._sorted[journal] = sorted(self._assign.get(journal, {}).values(),
+                                                    key=lambda a: (a.slot, a.member))
+        return list(cached)
 
     def assignments_of(self, member: ProcessId) -> list[Assignment]:
-        return sorted((a for by in self._assign.values() for a in by.values() if a.member == member),
-                      key=lambda a: (a.journal, a.slot))
+        return sorted(self._of.get(member, {}).values(), key=lambda a: (a.journal, a.slot))
 
     def all_assignments(self) -> list[Assignment]:
         return [a for j in sorted(self._assign) for a in self.assignments(j)]
@@ -133,6 +150,8 @@ class KeySpace:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -150,6 +169,12 @@ class KeySpace:
         try:
             async with asyncio.timeout(timeout):
                 while self.revision < revision:
+                    # A write under our prefix arrives on the watch within milliseconds:
+                    # give it that long before reading the prefix back (a read of every
+                    # key, thousands with thousands of journals, for each waiter).
+                    await self._watch_reaches(revision, CATCH_UP_AFTER)
+                    if self.revision >= revision:
+                        break
                     try:
                         await self._catch_up()
                     except aetcd.exceptions.ClientError:
@@ -165,7 +190,36 @@ class KeySpace:
             return False
         return True
 
+    async def _watch_reaches(self, revision: int, within: float) -> None:
+        """Return once the mirror is complete through `revision`, or after `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self.revision < revision:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._applied.wait()
+
     async def _catch_up(self) -> None:
+        """`_read_to_catch_up`, shared by every caller while one is under way: a burst of
+        waiters (every replicate stream of a route change) costs etcd one read of the
+        whole prefix, not one each."""
+        fut = self._catching_up
+        if fut is None:
+            fut = self._catching_up = asyncio.ensure_future(self._read_to_catch_up())
+
+            def done(f: asyncio.Future[None]) -> None:
+                if self._catching_up is f:
+                    self._catching_up = None
+                if not f.cancelled():
+                    f.exception()  # (retrieved: every waiter may have gone)
+
+            fut.add_done_callback(done)
+        await asyncio.shield(fut)
+
+    async def _read_to_catch_up(self) -> None:
         """Advance `revision` to etcd's current one if nothing under our prefix changed.
 
         The revision may belong to a write outside our prefix that no event announces.
@@ -201,8 +255,14 @@ class KeySpace:
             self._put(kv, journals, members, assign)
         self._mods = {kv.key: kv.mod_revision for kv in resp.kvs}
         self.journals, self.members, self._assign = journals, members, assign
+        self._sorted = {}
+        self._of = {}
+        for by in assign.values():
+            for a in by.values():
+                self._of.setdefault(a.member, {})[a.journal, a.slot] = a
         self._set_header(resp.header)
         self.revision = resp.header.revision
+        self.touched = None
         self._notify(changed=True)
         log.debug("keyspace loaded", root=self.root, revision=self.revision,
                   journals=len(journals), members=len(members))
@@ -245,6 +305,7 @@ class KeySpace:
         the callbacks for a change they have already seen."""
         through = self.revision
         changed = False
+        touched: set[str] | None = set()
         for ev in resp.events:
             if ev.kv.mod_revision <= through:
                 continue
@@ -253,10 +314,28 @@ class KeySpace:
             else:
                 self._mods.pop(ev.kv.key, None)
             changed |= self._apply(ev)
+            touched = self._touch(touched, ev.kv.key)
+        self.touched = touched
         if resp.header.revision > through:
             self._set_header(resp.header)
             self.revision = resp.header.revision
         self._notify(changed)
+
+    def _touch(self, touched: set[str] | None, raw_key: bytes) -> set[str] | None:
+        """`touched` with the journal of a spec or assignment key; None for any other."""
+        if touched is None:
+            return None
+        key = raw_key.decode(errors="replace")
+        try:
+            if key.startswith(journals_prefix(self.root)):
+                touched.add(parse_journal_key(self.root, key))
+                return touched
+            if key.startswith(assign_prefix(self.root)):
+                touched.add(parse_assignment_key(self.root, key)[0])
+                return touched
+        except (MalformedKey, ValueError):
+            pass
+        return None
 
     def _set_header(self, header: Any) -> None:
         self.etcd = Etcd(cluster_id=header.cluster_id, member_id=header.member_id,
@@ -301,8 +380,12 @@ class KeySpace:
                 journal, pid, slot = parse_assignment_key(self.root, key)
                 route = msgspec.json.decode(kv.value, type=Route) if kv.value.strip() else None
                 value = route if route is not None and route.members else None
-                assign.setdefault(journal, {})[(pid, slot)] = Assignment(
-                    journal, pid, slot, value, kv.mod_revision, kv.create_revision, kv.lease)
+                entry = Assignment(journal, pid, slot, value, kv.mod_revision,
+                                   kv.create_revision, kv.lease)
+                assign.setdefault(journal, {})[(pid, slot)] = entry
+                if assign is self._assign:  # the live mirror (a re-list rebuilds the index)
+                    self._sorted.pop(journal, None)
+                    self._of.setdefault(pid, {})[journal, slot] = entry
             elif key == leader_key(self.root):
                 self.leader = LeaderEntry(ProcessId.parse(kv.value.decode()), kv.mod_revision,
                                           kv.create_revision, kv.lease)
@@ -326,6 +409,12 @@ class KeySpace:
                 gone = by.pop((pid, slot), None) is not None
                 if not by:
                     self._assign.pop(journal, None)
+                self._sorted.pop(journal, None)
+                mine = self._of.get(pid)
+                if mine is not None:
+                    mine.pop((journal, slot), None)
+                    if not mine:
+                        del self._of[pid]
                 return gone
             if key == leader_key(self.root):
                 self.leader = None

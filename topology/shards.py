@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import aetcd
 import msgspec
@@ -33,6 +34,8 @@ import msgspec
 from protocol import ProcessId
 from protocol.errors import EtcdTransactionFailed, ShardNotFound, ValidationError
 from protocol.shard import ShardSpec, ShardStatus, validate_shard_id
+
+from protocol.apply_chunks import MAX_TXN_BYTES, MAX_TXN_OPS, ApplyResult, Edit
 
 from .etcd import (
     MalformedKey,
@@ -43,6 +46,7 @@ from .etcd import (
     put_op,
     txn,
 )
+from .spec_apply import apply_edits
 
 __all__ = [
     "ShardChange",
@@ -173,15 +177,21 @@ async def get_shard(client: aetcd.Client, root: str, shard_id: str) -> ShardEntr
     return ShardEntry(decode_spec(got.key.decode(), got.value, root), got.mod_revision)
 
 
-async def apply_shards(client: aetcd.Client, root: str, changes: Iterable[ShardChange]) -> int:
-    """Validate every change, then apply all of them in one etcd transaction (all or none).
+async def apply_shards(client: aetcd.Client, root: str, changes: Iterable[ShardChange], *,
+                       max_txn_size: int = MAX_TXN_OPS, max_txn_bytes: int = MAX_TXN_BYTES,
+                       progress: Any = None) -> ApplyResult:
+    """Validate every change, then apply them in transactions that fit etcd's limits
+    (topology/spec_apply.py): each is atomic and guarded by the revisions read, a spec
+    equal to the stored one (or a delete of an absent shard) is left unchanged, and a
+    failure part-way raises ApplyIncomplete naming what was and was not applied. Changes
+    that fit one transaction are all or none, as before.
 
     Raises ValidationError (field-named) before writing anything, and
     EtcdTransactionFailed when an expected revision did not hold.
     """
     items = list(changes)
     seen: set[str] = set()
-    compares, ops = [], []
+    edits: list[Edit] = []
     for i, change in enumerate(items):
         if (change.spec is None) == (not change.delete):
             raise ValidationError(f"[{i}]", "a change is exactly one of an upsert or a delete")
@@ -195,24 +205,13 @@ async def apply_shards(client: aetcd.Client, root: str, changes: Iterable[ShardC
         if change.shard_id in seen:
             raise ValidationError(f"[{i}]", f"shard {change.shard_id!r} is changed twice")
         seen.add(change.shard_id)
-        key = shard_key(root, change.shard_id)
-        if change.expect_mod_revision == 0:
-            compares.append(cmp_version(key, 0))
-        elif change.expect_mod_revision > 0:
-            compares.append(cmp_mod(key, change.expect_mod_revision))
-        elif change.delete:
-            compares.append(_exists(key))
-        if change.spec is not None:
-            ops.append(put_op(key, msgspec.json.encode(change.spec)))
-        else:
-            ops.append(delete_op(key))
-    if not ops:
-        return 0
-    result = await txn(client, compares, ops)
-    if not result.succeeded:
-        raise EtcdTransactionFailed(f"shard specs changed since read (revision {result.revision}); "
-                                    "list them again and re-apply")
-    return result.revision
+        size = len(msgspec.json.encode(change.spec)) if change.spec is not None else 0
+        edits.append(Edit(change.shard_id, change.spec, change.expect_mod_revision, size, change))
+    prefix = shards_prefix(root)
+    return await apply_edits(client, prefix, edits,
+                             lambda name, value: decode_spec(prefix + name, value, root),
+                             what="shard", max_txn_size=max_txn_size,
+                             max_txn_bytes=max_txn_bytes, progress=progress)
 
 
 def _exists(key: str):  # type: ignore[no-untyped-def]

@@ -12,10 +12,11 @@ sweeps whatever the number of journals; each sweep fans out per-journal tasks.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging, worker_ready
+from celery.signals import setup_logging, worker_ready, worker_shutdown
 
 from protocol.config import Settings, load_settings
 from protocol.credentials import settings_keyring
@@ -26,7 +27,7 @@ from workers.config import WorkerSettings, load_worker_settings
 from workers.jobs_schedule import JOB_ROUTES, JOB_TASK_MODULES, job_beat
 
 TASK_MODULES = ["workers.health", "workers.persist", "workers.index", "workers.pulse",
-                "workers.prune", *JOB_TASK_MODULES]
+                "workers.prune", "workers.scrub", *JOB_TASK_MODULES]
 
 QUEUES = ("persist", "index", "pulse", "prune", "jobs")
 
@@ -75,6 +76,7 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
             "workers.index.*": {"queue": "index"},
             "workers.pulse.*": {"queue": "pulse"},
             "workers.prune.*": {"queue": "prune"},
+            "workers.scrub.*": {"queue": "prune"},  # maintenance, beside retention
             **JOB_ROUTES,
         },
         task_default_queue="celery",
@@ -98,6 +100,11 @@ def make_app(settings: Settings | None = None, worker: WorkerSettings | None = N
                 "task": "workers.prune.sweep",
                 "schedule": worker.prune_interval,
                 "options": {"queue": "prune", "expires": worker.prune_interval},
+            },
+            "scrub-sweep": {
+                "task": "workers.scrub.sweep",
+                "schedule": worker.scrub_interval,
+                "options": {"queue": "prune", "expires": worker.scrub_interval},
             },
             "pulse-sweep": {
                 "task": "workers.pulse.sweep",
@@ -127,8 +134,6 @@ def _setup_logging(loglevel: Any = None, **_: Any) -> None:
 @worker_ready.connect
 def _serve_metrics(**_: Any) -> None:
     if worker_settings.metrics_port:
-        import os
-
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = None
@@ -141,3 +146,25 @@ def _serve_metrics(**_: Any) -> None:
         start_http_server(worker_settings.metrics_port, addr=worker_settings.metrics_addr,
                           **({"registry": registry} if registry is not None else {}))
         log.info("metrics server started", port=worker_settings.metrics_port)
+
+
+_announcer: list[Any] = []
+
+
+@worker_ready.connect
+def _announce_stores(sender: Any = None, **_: Any) -> None:
+    """Publish the stores this worker writes to (workers/announce.py)."""
+    from workers.announce import Announcer, announcement
+
+    node = str(getattr(sender, "hostname", "") or f"worker-{os.getpid()}")
+    value = announcement(node, settings.store_url, worker_settings.stores, signing.enabled())
+    a = Announcer(settings.etcd_url, settings.etcd_root, value,
+                  io_timeout=min(worker_settings.io_timeout, 10.0))
+    a.start()
+    _announcer.append(a)
+
+
+@worker_shutdown.connect
+def _withdraw_stores(**_: Any) -> None:
+    while _announcer:
+        _announcer.pop().stop()

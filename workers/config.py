@@ -49,6 +49,12 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     mark_retention: float = 604800.0
     """Seconds a journal's watermark marks are kept (windows older than that can still be
     backfilled, but their edges fold into the oldest kept mark)."""
+    scrub_interval: float = 86400.0
+    """The scrub period: how often beat runs `workers.scrub.sweep`, one pass proving
+    every persisted fragment by its SHA-1 (workers/scrub.py)."""
+    scrub_rate: int = 8 << 20
+    """Content bytes/s a scrub pass may prove (0 = unlimited): it shares the stores with
+    persistence and must not starve it."""
     job_lease_ttl: int = 15
     """Seconds of a running job run's etcd lease: a worker that dies mid-run loses its run
     this long after, and the run is retried."""
@@ -66,6 +72,8 @@ _FIELDS = {
     "jobs_interval": ("QUIRE_WORKER_JOBS_INTERVAL", float, 0.1),
     "job_lease_ttl": ("QUIRE_WORKER_JOB_LEASE_TTL", int, 2),
     "mark_retention": ("QUIRE_WORKER_MARK_RETENTION", float, 60.0),
+    "scrub_interval": ("QUIRE_WORKER_SCRUB_INTERVAL", float, 0.1),
+    "scrub_rate": ("QUIRE_WORKER_SCRUB_RATE", int, 0),
 }
 
 

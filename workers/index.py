@@ -18,10 +18,13 @@
    merge it, drop local fragments it covers and check INDEX_HAS_GREATER_OFFSET.
 
 `sweep()` (beat, every `QUIRE_WORKER_INDEX_SWEEP_INTERVAL`): reads all specs once
-and enqueues `refresh_journal` for each journal whose own
-`fragment.refresh_interval` has passed since its last refresh or enqueue (hash
-`quire:index-enqueued`), so beat's schedule stays a fixed handful of entries
-however many journals exist.
+and enqueues the journals whose own `fragment.refresh_interval` has passed since
+their last refresh or enqueue (hash `quire:index-enqueued`), so beat's schedule stays
+a fixed handful of entries however many journals exist. Due journals go out as
+`refresh_batch` tasks of up to REFRESH_BATCH journals: one etcd read of the topology
+per batch, not an etcd connection and three reads per journal (#49); a journal whose
+refresh in a batch failed gets its own `refresh_journal` (with its retries).
+`refresh_journal` stays the one-journal form (persist tasks send it).
 """
 
 from __future__ import annotations
@@ -51,15 +54,19 @@ from protocol import Fragment, LabelSet
 from workers import common, metrics, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, RETRIABLE
-from workers.topology import read_topology_sync
+from workers.topology import Topology, read_topology_sync
 
 __all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY",
-           "publish_index", "refresh", "refresh_journal", "sweep"]
+           "REFRESH_BATCH", "publish_index", "refresh", "refresh_batch", "refresh_journal",
+           "sweep"]
 
 log = get_logger(__name__)
 
 
 _RETRY_ON = (*RETRIABLE, StoreUnavailable)
+
+REFRESH_BATCH = 200
+"""Most journals of one `refresh_batch` task."""
 
 
 def publish_index(journal: str, cover: CoverSet | None, now: float | None = None,
@@ -106,12 +113,15 @@ def _export_stats(journal: str, stores: tuple[str, ...]) -> StoreStats:
     return total
 
 
-def refresh(journal: str) -> dict[str, Any]:
-    """The task body, callable without Celery."""
+def refresh(journal: str, topo: Topology | None = None) -> dict[str, Any]:
+    """The task body, callable without Celery; `topo`: a topology read just now (a
+    batch's), else the journal's own is read."""
     ws = common.worker_settings()
     s = common.settings()
     started = time.monotonic()
-    topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout, journal=journal)
+    if topo is None:
+        topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout,
+                                  journal=journal)
     jt = topo.journals.get(journal)
     if jt is None:
         publish_index(journal, None)
@@ -147,6 +157,27 @@ def refresh_journal(self: Any, journal: str) -> dict[str, Any]:
         return refresh(journal)
 
 
+@app.task(name="workers.index.refresh_batch", bind=True, ignore_result=True,
+          **MAINTENANCE_RETRY)
+def refresh_batch(self: Any, journals: list[str]) -> dict[str, Any]:
+    """Refresh `journals` against one read of the topology; a journal whose refresh
+    failed is sent again alone, as `refresh_journal` (its own retries)."""
+    ws, s = common.worker_settings(), common.settings()
+    topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
+    failed: list[str] = []
+    for journal in journals:
+        with bind(journal=journal, task_id=self.request.id):
+            try:
+                refresh(journal, topo)
+            except Exception as exc:  # noqa: BLE001 - retried alone
+                log.warning("index refresh failed; retrying it alone", error=repr(exc))
+                failed.append(journal)
+    for journal in failed:
+        refresh_journal.apply_async(args=[journal])
+    log.info("index batch refreshed", journals=len(journals), failed=len(failed))
+    return {"journals": len(journals), "failed": len(failed)}
+
+
 @app.task(name="workers.index.sweep", bind=True, ignore_result=True,
           **MAINTENANCE_RETRY)
 def sweep(self: Any) -> int:
@@ -165,8 +196,10 @@ def sweep(self: Any) -> int:
             last = max(refreshed.get(name, 0.0), enqueued.get(name, 0.0))
             if now - last >= interval:
                 due.append((name, interval))
-        for name, interval in due:
-            refresh_journal.apply_async(args=[name], expires=max(interval, ws.index_sweep_interval))
+        for k in range(0, len(due), REFRESH_BATCH):
+            batch = due[k:k + REFRESH_BATCH]
+            expires = max(min(i for _, i in batch), ws.index_sweep_interval)
+            refresh_batch.apply_async(args=[[name for name, _ in batch]], expires=expires)
         if due:
             r.hset(ENQUEUED_KEY, mapping={name: f"{now:.3f}" for name, _ in due})
         gone = (set(refreshed) | set(enqueued)) - set(topo.journals)

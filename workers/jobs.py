@@ -13,7 +13,10 @@ One sweep, for every job spec in etcd (topology/jobs.py):
    range in each journal, fixed once so every attempt reads the same rows;
 4. lost runs become FAILED (attempt n) or GAVE_UP by a CAS on their revision; due runs
    are sent to `workers.jobs_run.execute`; the status note (next window, the journal
-   holding it back) is written when it changes.
+   holding it back and why) is written when it changes;
+5. a journal whose open fragment holds the next window's last bytes past the window's
+   end is asked to close it (workers/jobs_roll.py), so every window completes without
+   a `flush_interval` in the journal's spec.
 
 Several sweeps may overlap (two beats, a slow sweep): a Redis lock skips the duplicate,
 and every write is a CAS anyway, so a lost race only costs a retry next sweep.
@@ -39,7 +42,7 @@ from topology.jobs import (
     put_status,
     update_run,
 )
-from workers import common, jobs_metrics, watermark
+from workers import common, jobs_metrics, jobs_roll, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY
 from workers.jobs_plan import plan
@@ -126,9 +129,14 @@ async def _sweep_job(client: Any, root: str, spec: JobSpec, journals: list[str],
     for run in p.dispatch[:spec.max_concurrent]:
         dispatch(run, now)
         sent += 1
+    needed = p.next_window + spec.window + spec.delay
+    lagging = sorted((j for j in journals if wms.get(j, 0.0) < needed),
+                     key=lambda j: (wms.get(j, 0.0), j))
+    reason = "" if spec.suspend else jobs_roll.waits(lagging, needed, now)
     status = JobStatus(next_window=p.next_window, waiting_on=p.waiting_on if journals else "",
                        watermark=p.watermark, journals=len(journals),
-                       note="" if journals else f"selector {spec.selector!r} matches no journal")
+                       note="" if journals else f"selector {spec.selector!r} matches no journal",
+                       reason=reason)
     if await get_status(client, root, spec.name) != status:
         await put_status(client, root, spec.name, status)
     return {"created": created, "lost": len(p.lost), "dispatched": sent}

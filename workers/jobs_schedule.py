@@ -11,12 +11,14 @@ from typing import Any
 
 from workers.config import WorkerSettings
 
-JOB_TASK_MODULES = ["workers.jobs", "workers.jobs_run", "workers.jobs_targets"]
+JOB_TASK_MODULES = ["workers.jobs", "workers.jobs_run", "workers.jobs_targets",
+                    "workers.jobs_roll"]
 
 JOB_ROUTES = {
     "workers.jobs.*": {"queue": "jobs"},
     "workers.jobs_run.*": {"queue": "jobs"},
     "workers.jobs_targets.*": {"queue": "jobs"},
+    "workers.jobs_roll.*": {"queue": "jobs"},
 }
 
 

@@ -16,6 +16,8 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "INDEX_REFRESH_SECONDS",
     "PERSIST_BYTES",
+    "PERSIST_FAILURES",
+    "PERSIST_LAST_FAILURE",
     "PERSIST_OBJECTS",
     "REFUSED_TASKS",
     "TASK_FAILURES",
@@ -47,6 +49,19 @@ PERSIST_OBJECTS = Counter(
     "Persist tasks finished, by result: uploaded, exists (already in the store), "
     "or covered (the store holds its span in other fragments).",
     ["result"],
+)
+PERSIST_FAILURES = Counter(
+    "quire_persist_failures_total",
+    "Persist attempts that failed or were refused, by journal and reason: store_not_allowed "
+    "(the store is not this worker's QUIRE_STORE_URL / QUIRE_WORKER_STORES), "
+    "store_unavailable, fetch_failed (no replica served the fragment), checksum, timeout, "
+    "invalid, other (workers/persist_failures.py).",
+    ["journal", "reason"],
+)
+PERSIST_LAST_FAILURE = Gauge(
+    "quire_persist_last_failure_timestamp_seconds",
+    "Unix time of the last failed or refused persist attempt, by journal and reason.",
+    ["journal", "reason"], multiprocess_mode="max",
 )
 INDEX_REFRESH_SECONDS = Histogram(
     "quire_index_refresh_duration_seconds",

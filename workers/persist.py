@@ -33,7 +33,7 @@ from fragment_store import (
 )
 from protocol.logs import bind, get_logger
 from protocol import Fragment, ValidationError
-from workers import common, metrics, signing
+from workers import common, metrics, persist_failures, signing
 from workers.app import app
 from workers.errors import RETRIABLE, FragmentNotLocal
 from workers.fetch import fetch_fragment
@@ -110,7 +110,15 @@ def persist_fragment_task(self: Any, fragment: dict[str, Any], endpoints: list[s
     f = _decode(fragment)
     with bind(journal=f.journal, fragment=f"{f.begin:x}-{f.end:x}", task_id=self.request.id,
               attempt=self.request.retries):
-        out = persist(f, list(endpoints), store)
+        try:
+            out = persist(f, list(endpoints), store)
+        except Exception as exc:
+            reason = persist_failures.record_failure(f.journal, store, exc,
+                                                     str(self.request.hostname or ""))
+            log.warning("persist attempt failed", reason=reason, store=store,
+                        error=f"{type(exc).__name__}: {exc}")
+            raise
+    persist_failures.record_success(f.journal)
     # Let coordinators see it now rather than at the next sweep.
     app.send_task("workers.index.refresh_journal", args=[f.journal], queue="index")
     return out

@@ -30,7 +30,8 @@ from protocol.logs import get_logger
 from workers import common, jobs_metrics as metrics
 
 __all__ = ["MARKS_PREFIX", "PERSISTED_KEY", "WATERMARKS_KEY", "advance", "boundary",
-           "persisted_through", "read_watermarks", "record_mark"]
+           "first_mark", "last_mark_through", "persisted_through", "read_persisted",
+           "read_watermarks", "record_mark"]
 
 log = get_logger(__name__)
 
@@ -112,6 +113,33 @@ def read_watermarks(journals: list[str] | None = None) -> dict[str, float]:
         return {}
     values = r.hmget(WATERMARKS_KEY, journals)
     return {j: float(v) if v else 0.0 for j, v in zip(journals, values, strict=True)}
+
+
+def first_mark(journal: str, t: float) -> tuple[float, int] | None:
+    """The first mark (t, head) of `journal` at or after `t`, if any."""
+    after = _marks(journal, low=t, limit=1)
+    return after[0] if after else None
+
+
+def last_mark_through(journal: str, head: int, before: float, scan: int = 200) -> float:
+    """The time of the latest mark before `before` whose head is <= `head` (0: none among
+    the `scan` latest): every byte from `head` on was acknowledged after it."""
+    r = common.redis_client()
+    for member in r.zrevrangebyscore(MARKS_PREFIX + journal, f"({before:.6f}", "-inf",
+                                     start=0, num=scan):
+        t, _, h = member.decode().partition(":")
+        if int(h) <= head:
+            return float(t)
+    return 0.0
+
+
+def read_persisted(journals: list[str]) -> dict[str, int | None]:
+    """journal -> persisted-through offset recorded by its last index refresh (None: no
+    refresh has recorded one yet)."""
+    if not journals:
+        return {}
+    values = common.redis_client().hmget(PERSISTED_KEY, journals)
+    return {j: int(v) if v is not None else None for j, v in zip(journals, values, strict=True)}
 
 
 def boundary(journal: str, t: float) -> int | None:

@@ -79,6 +79,7 @@ function journalRow(j) {
       j.write_head === null ? "—" : bytes(j.write_head)),
     storageCell(j.storage),
     watermarkCell(j.watermark),
+    backlogCell(j.backlog, j.persist_failure),
     el("td", {}, el("span", { class: "state " + j.consistency }, j.consistency),
       el("span", { class: "muted small" }, ` ${j.route.length}/${j.replication}`)));
 }
@@ -93,6 +94,17 @@ function storageCell(s) {
 
 function isoTime(t) {
   return t ? new Date(t * 1000).toISOString().replace(/\.\d{3}Z$/, "Z") : "—";
+}
+
+// Bytes acknowledged but not yet in the store, the age of the oldest, and the last persist
+// failure with its reason (docs/operations.md, "Persistence backlog").
+function backlogCell(b, f) {
+  const fail = f ? el("div", { class: "state failed small", title: `${f.message} · store ${f.store}` },
+    `${f.reason} ×${f.count}`) : null;
+  if (!b) return el("td", { class: "num muted", title: "no backlog figures (no Redis)" }, "—", fail);
+  if (!b.bytes) return el("td", { class: "num", title: "everything acknowledged is in the store" }, "0", fail);
+  return el("td", { class: "num backlog", title: `${b.bytes} bytes not yet in the store · ${b.fragments} closed fragment(s) pending` },
+    bytes(b.bytes), el("div", { class: "muted small" }, `oldest ${b.age.toFixed(0)}s`), fail);
 }
 
 // The persisted watermark (docs/jobs.md): everything acknowledged before it is in the store.

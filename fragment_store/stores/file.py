@@ -156,6 +156,24 @@ class FileStore(FragmentStore):
             raise _os_error(exc, self.url, key) from None
         # Emptied directories stay: removing them would race a concurrent put.
 
+    def quarantine(self, key: str, target: str, *, keep_original: bool = False) -> None:
+        """Move an object to `target` (a rename: the bytes stay as they were), or copy it
+        there (`keep_original`)."""
+        src, dst = self._path(key), self._path(target)
+        if keep_original:
+            self.put(target, self.get(key))
+            return
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        except FileNotFoundError:
+            raise FragmentNotFound("no such object", self.url, key) from None
+        except OSError as exc:
+            raise _os_error(exc, self.url, key) from None
+        if self._fsync:
+            _fsync_dir(dst.parent)
+            _fsync_dir(src.parent)
+
     def signed_url(self, key: str, ttl: float = 60.0) -> str:
         return self._path(key).as_uri()
 

@@ -245,6 +245,23 @@ class S3Store(FragmentStore):
                                        f"{DELETE_ATTEMPTS} attempts", self.url, pending[0])
         return asked
 
+    def quarantine(self, key: str, target: str, *, keep_original: bool = False) -> None:
+        """Move an object to `target`: a server-side copy, then the original removed
+        (unless `keep_original`)."""
+        from minio.commonconfig import CopySource
+
+        try:
+            self._client.copy_object(bucket_name=self.bucket, object_name=self._name(target),
+                                     source=CopySource(self.bucket, self._name(key)))
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                raise FragmentNotFound("no such object", self.url, key) from None
+            raise map_error(exc, self.url, key) from None
+        except Exception as exc:
+            raise map_error(exc, self.url, key) from None
+        if not keep_original:
+            self.delete(key)
+
     def signed_url(self, key: str, ttl: float = 60.0) -> str:
         try:
             return self._client.presigned_get_object(

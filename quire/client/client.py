@@ -154,8 +154,11 @@ class Client(MetadataCalls):
                      union_registers: LabelSet | None = None,
                      subtract_registers: LabelSet | None = None,
                      suspend: str = "resume", retry_timeout: float | None = None,
-                     txn: TxnId | None = None) -> AppendResult:
+                     txn: TxnId | None = None, roll_below: int = 0) -> AppendResult:
         """Append `data` as one transaction; all of it commits, or none of it.
+
+        `roll_below`: the primary first closes its open fragment if that holds content
+        below this offset (AppendRequest.roll_below; the jobs scheduler's roll).
 
         `txn`: an exactly-once identifier (producer.py): the append is re-sent until an
         authoritative answer, and lands at most once (a re-send that finds it committed
@@ -168,7 +171,8 @@ class Client(MetadataCalls):
         if isinstance(check_registers, str):
             check_registers = parse_selector(check_registers)
         plain = (not offset and check_registers is None and union_registers is None
-                 and subtract_registers is None and suspend == "resume" and txn is None)
+                 and subtract_registers is None and suspend == "resume" and txn is None
+                 and not roll_below)
         known = self.routes.revision(journal)
         cached = self._plain_requests.get(journal) if plain else None
         if cached is not None and cached[0].min_etcd_revision == self.applied_revision \
@@ -179,6 +183,7 @@ class Client(MetadataCalls):
                                     union_registers=union_registers,
                                     subtract_registers=subtract_registers, suspend=suspend,
                                     min_etcd_revision=self.applied_revision, route_revision=known,
+                                    roll_below=roll_below,
                                     **(txn.fields() if txn is not None else {})), None
             if plain:
                 if len(self._plain_requests) >= 4096:
@@ -369,11 +374,15 @@ class Client(MetadataCalls):
     # -- read -----------------------------------------------------------------------
 
     def read(self, journal: str, offset: int = 0, *, block: bool = False, follow: bool = False,
-             end_offset: int = 0, from_store: bool = False) -> Reader:
-        """An async iterator of (offset, bytes). See Reader for the offset-jump rule."""
+             end_offset: int = 0, from_store: bool = False,
+             unverified_reads_risk_corruption: bool = False) -> Reader:
+        """An async iterator of (offset, bytes). See Reader for the offset-jump rule.
+        `from_store` fragments are proven by their SHA-1 unless
+        `unverified_reads_risk_corruption` (docs/integrity.md)."""
         validate_journal_name(journal, "journal")
         return Reader(self, journal, offset, block=block, follow=follow, end_offset=end_offset,
-                      from_store=from_store)
+                      from_store=from_store,
+                      unverified_reads_risk_corruption=unverified_reads_risk_corruption)
 
     async def write_head(self, journal: str) -> int:
         """The journal's current write head (a non-blocking metadata read at -1)."""

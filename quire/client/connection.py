@@ -20,6 +20,7 @@ from protocol.credentials import TokenSource, current_token, unverified_expiry
 from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
 from protocol.status import Status
 from protocol.stream import ConnectionClosed, FrameStream
+from protocol.tls import handshake_refusal
 from protocol.wire import Frame
 
 from .retry import Rerouted
@@ -63,6 +64,9 @@ class Connection:
         try:
             stream = await FrameStream.connect(endpoint, timeout=timeout, ssl=ssl)
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            refused = handshake_refusal(exc, ssl, at_hello=False)
+            if refused is not None:  # the reason (with the variable to set) is the cause
+                raise Unavailable(f"cannot connect to {endpoint}: {refused}") from refused
             raise Unavailable(f"cannot connect to {endpoint}: {exc or type(exc).__name__}") from exc
         conn = cls(endpoint, stream)
         try:
@@ -70,6 +74,9 @@ class Connection:
             frame = await asyncio.wait_for(stream.read(), timeout)
         except (ProtocolError, OSError, asyncio.TimeoutError) as exc:
             conn.abort()
+            refused = handshake_refusal(exc, ssl, at_hello=True)
+            if refused is not None:
+                raise Unavailable(f"hello to {endpoint} failed: {refused}") from refused
             raise Unavailable(f"hello to {endpoint} failed: {exc or type(exc).__name__}") from exc
         if isinstance(frame.message, ErrorFrame):
             conn.abort()

@@ -30,8 +30,10 @@ from protocol import (
     parse_selector,
     validate_journal_name,
 )
+from protocol.apply_chunks import MAX_TXN_BYTES, MAX_TXN_OPS, ApplyResult
 from protocol.errors import ProtocolError, Unavailable, for_status
 
+from .chunked import Progress, apply_chunked, edits_of, fits_one
 from .connection import ConnectionPool
 from .retry import ROUTING_STATUSES, backoff, reason, strip_status
 from .routes import RouteCache
@@ -94,10 +96,16 @@ class MetadataCalls:
                 return entry
         raise for_status(Status.JOURNAL_NOT_FOUND)("no such journal", journal=name)
 
-    async def apply(self, changes: Iterable[ApplyChange | JournalSpec]) -> int:
-        """Apply upserts and deletes in one etcd transaction; returns its revision.
+    async def apply(self, changes: Iterable[ApplyChange | JournalSpec], *,
+                    max_txn_size: int = MAX_TXN_OPS, max_txn_bytes: int = MAX_TXN_BYTES) -> int:
+        """Apply upserts and deletes; returns the etcd revision of the (last) write.
 
-        A bare JournalSpec is an upsert without a revision check (-1)."""
+        A bare JournalSpec is an upsert without a revision check (-1). Changes that fit
+        one etcd transaction (at most `max_txn_size` of them, within `max_txn_bytes`)
+        are one ApplyRequest, all or none. More are applied as `apply_chunked` does:
+        each transaction atomic and guarded by the revisions read, unchanged specs
+        skipped, and ApplyIncomplete naming what was and was not applied on a failure
+        part-way."""
         items: list[ApplyChange] = []
         for change in changes:
             if isinstance(change, JournalSpec):
@@ -106,10 +114,27 @@ class MetadataCalls:
             elif change.upsert is not None:
                 change.upsert.validate()
             items.append(change)
+        if not fits_one(edits_of(items), max_txn_size, max_txn_bytes):
+            result = await self.apply_chunked(items, max_txn_size=max_txn_size,
+                                              max_txn_bytes=max_txn_bytes)
+            return result.revision
         response = await self.unary(ApplyRequest(changes=tuple(items)), ApplyResponse,
                                     idempotent=False)
         self.applied_revision = max(self.applied_revision, response.revision)
         return response.revision
+
+    async def apply_chunked(self, changes: Iterable[ApplyChange | JournalSpec], *,
+                            max_txn_size: int = MAX_TXN_OPS, max_txn_bytes: int = MAX_TXN_BYTES,
+                            progress: Progress | None = None) -> ApplyResult:
+        """Apply any number of changes in transactions that fit etcd's limits
+        (quire/client/chunked.py, docs/operations.md): reads the current specs, skips
+        those already equal (`unchanged`), pins the others to the revisions read, and
+        sends chunks of at most `max_txn_size` changes. Re-applying the same changes
+        after an ApplyIncomplete finishes the work."""
+        items = [ApplyChange(upsert=c, expect_mod_revision=-1) if isinstance(c, JournalSpec) else c
+                 for c in changes]
+        return await apply_chunked(self, items, max_txn_size=max_txn_size,
+                                   max_txn_bytes=max_txn_bytes, progress=progress)
 
     async def delete(self, name: str, *, expect_mod_revision: int | None = None) -> int:
         """Delete a journal spec; JournalNotFound if it does not exist."""

@@ -12,7 +12,10 @@ Direct store reads: with `from_store=True` the request sets do_not_proxy, and fo
 fragment only the store holds the broker answers with its `fragment_url` and ends the
 RPC instead of streaming it; the client then reads the fragment from the store itself
 (fragment_store for file:// and s3://, HTTP GET for presigned URLs) and continues with a
-new Read at the fragment's end. Without it, the broker streams persisted content
+new Read at the fragment's end. The client proves each fragment by its SHA-1 before
+yielding a byte of it (store_reader); a copy that fails is read through the broker
+instead (which tries the journal's other stores, quarantines and mends), or, where no
+good copy exists, the read fails with FRAGMENT_CORRUPT. Without it, the broker streams persisted content
 through itself (the URL in its metadata is informational and ignored).
 """
 
@@ -50,7 +53,7 @@ class _Reissue(Exception):
 class Reader:
     def __init__(self, client: ReadSession, journal: str, offset: int = 0, *, block: bool = False,
                  follow: bool = False, end_offset: int = 0, from_store: bool = False,
-                 metadata_only: bool = False) -> None:
+                 metadata_only: bool = False, unverified_reads_risk_corruption: bool = False) -> None:
         if offset < -1:
             raise ValueError(f"offset must be >= -1, got {offset}")
         if end_offset and offset >= 0 and end_offset < offset:
@@ -64,6 +67,9 @@ class Reader:
         self.end_offset = end_offset
         self.from_store = from_store
         self.metadata_only = metadata_only
+        self.unverified_reads_risk_corruption = unverified_reads_risk_corruption
+        self._via_broker_until = 0
+        """A fragment whose stored copy failed its proof is read through the broker."""
         self.write_head = 0
         self.fragment: Fragment | None = None
         self.fragment_url = ""
@@ -143,7 +149,8 @@ class Reader:
         try:
             await conn.send(ReadRequest(
                 journal=self.journal, offset=self.offset, block=self.block,
-                do_not_proxy=self.from_store, metadata_only=self.metadata_only,
+                do_not_proxy=self.from_store and self.offset >= self._via_broker_until,
+                metadata_only=self.metadata_only,
                 end_offset=self.end_offset,
                 min_etcd_revision=getattr(self.client, "applied_revision", 0)))
             while True:
@@ -153,7 +160,8 @@ class Reader:
                     if await self._on_metadata(message):
                         clean = True
                         return
-                    if self.from_store and message.fragment_url and message.fragment is not None:
+                    if self.from_store and message.fragment_url and message.fragment is not None \
+                            and message.fragment.end > self._via_broker_until:
                         conn.abort()
                         async for item in self._from_url(message):
                             yield item
@@ -221,12 +229,22 @@ class Reader:
         assert fragment is not None
         start = max(self.offset, fragment.begin)
         stop = fragment.end if not self.end_offset else min(fragment.end, self.end_offset)
-        async for chunk in store_reader.read_fragment_url(message.fragment_url, fragment, start):
-            for item in self._on_content(start, chunk):
-                yield item
-            start += len(chunk)
-            if start >= stop:
-                break
+        from fragment_store.verified import FragmentCorrupt
+
+        try:
+            async for chunk in store_reader.read_fragment_url(
+                    message.fragment_url, fragment, start,
+                    unverified_reads_risk_corruption=self.unverified_reads_risk_corruption):
+                for item in self._on_content(start, chunk):
+                    yield item
+                start += len(chunk)
+                if start >= stop:
+                    break
+        except FragmentCorrupt:
+            # Nothing of it was yielded (proof comes first): the broker reads it for us
+            # from a good copy, or answers FRAGMENT_CORRUPT.
+            self._via_broker_until = fragment.end
+            raise _Reissue() from None
         if self.offset < stop:
             raise ProtocolError(f"fragment {fragment.begin}-{fragment.end} of {self.journal} "
                                 f"ended at {self.offset} when read from {message.fragment_url}")

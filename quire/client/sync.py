@@ -90,8 +90,12 @@ class SyncClient:
     def get_journal(self, name: str) -> ListEntry:
         return self._call(self._client.get_journal(name))
 
-    def apply(self, changes: Iterable[ApplyChange | JournalSpec]) -> int:
-        return self._call(self._client.apply(list(changes)))
+    def apply(self, changes: Iterable[ApplyChange | JournalSpec], **kwargs: Any) -> int:
+        return self._call(self._client.apply(list(changes), **kwargs))
+
+    def apply_chunked(self, changes: Iterable[ApplyChange | JournalSpec], **kwargs: Any) -> Any:
+        """Client.apply_chunked: an ApplyResult (applied, unchanged, revision)."""
+        return self._call(self._client.apply_chunked(list(changes), **kwargs))
 
     def delete(self, name: str, **kwargs: Any) -> int:
         return self._call(self._client.delete(name, **kwargs))

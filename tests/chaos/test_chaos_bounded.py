@@ -159,3 +159,37 @@ def test_stalls_make_the_run_not_ok_in_its_report_and_the_campaign_table() -> No
     row = row_of(9, 60.0, summary, 70.0)
     text = table([row])
     assert "1 harness stalls" in text and "1 runs not ok" in text
+
+
+_SIGTERM = """
+import asyncio
+from chaos.bounded import run
+
+async def main():
+    try:
+        print("running", flush=True)
+        await asyncio.Event().wait()
+    finally:
+        print("cleaned up", flush=True)   # where a chaos run stops its cluster
+
+try:
+    run(main(), grace=0.3)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_sigterm_cancels_the_run_as_ctrl_c_does() -> None:
+    """`timeout 600 quire chaos …`: SIGTERM ends the run through its clean-up (which stops
+    its members) instead of killing the interpreter with every `finally` unrun."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERM], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert out.split() == ["cleaned", "up", "interrupted"], out

@@ -128,7 +128,12 @@ def test_journals_list_formats_and_yaml_round_trip(cluster: dict, applied: dict,
     rows = [json.loads(ln) for ln in ok(quire(cluster, "journals", "list", "-l", "topic=clicks",
                                                 "-o", "json")).splitlines()]
     assert all(r["spec"]["fragment"]["flush_interval"] == 1200.0 for r in rows)
-    # The same file again is stale now: a conflict, exit code 4.
+    # The same file again changes nothing: every journal in it is unchanged.
+    same = ok(quire(cluster, "journals", "apply", "-f", str(edited)))
+    assert "applied 0, unchanged 2" in same and "unchanged" in same
+    # Edited again from the old listing, its revisions are stale: a conflict, exit 4.
+    tree[0]["fragment"]["flush_interval"] = "30m"
+    edited.write_text(yaml.safe_dump(tree))
     stale = quire(cluster, "journals", "apply", "-f", str(edited))
     assert stale.returncode == 4 and b"ETCD_TRANSACTION_FAILED" in stale.stderr
     for journal in ("cli/clicks/part-000", "cli/clicks/part-001"):

@@ -92,6 +92,9 @@ def test_prune_dry_run_lists_what_the_real_run_removes(etcd, etcd_root, redis_db
 
         row = json.loads(stats("-o", "json"))
         assert isinstance(row.pop("watermark"), float)  # the persisted watermark (jobs, #34)
+        # Nothing acknowledged waits for the store and no persist failed (#51).
+        assert (row.pop("backlog_bytes"), row.pop("backlog_age"), row.pop("persist_error")) \
+            == (0, 0.0, "")
         last = store.stat(fragment_key(frags[2]))
         assert row == {"journal": j, "fragments": 1, "stored_bytes": 10, "oldest": last.mod_time,
                        "newest": last.mod_time, "begin": 20, "end": 30}

@@ -409,3 +409,18 @@ async def test_a_stalled_append_is_not_abandoned_when_its_journal_moves_to_where
     assert conn.expect == "a:8080" and conn.moved_to == "" and aborted == []
     assert conn in watched
     rerouter.close()
+
+
+def test_the_route_cache_holds_ten_thousand_journals_by_default() -> None:
+    """A client appending round-robin over 10,000 journals keeps every route (#49):
+    with fewer entries every append misses and is proxied by a seed."""
+    from protocol import Etcd, Header, ProcessId, Route
+    from quire.client.routes import RouteCache
+
+    routes = RouteCache(["127.0.0.1:1"])
+    route = Route(members=(ProcessId(zone="z", suffix="p"),), primary=0,
+                  endpoints=("127.0.0.1:2",))
+    names = [f"many/j-{i:05d}" for i in range(10_000)]
+    for name in names:
+        routes.update(name, Header(route=route, etcd=Etcd(revision=3)))
+    assert all(routes.for_append(n) == "127.0.0.1:2" for n in names)

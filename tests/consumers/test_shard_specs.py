@@ -94,15 +94,17 @@ async def test_apply_list_delete_cas(etcd, etcd_root: str) -> None:  # noqa: ANN
     client = await connect(etcd.url)
     try:
         a, b = good(id="s-a"), good(id="s-b", hot_standbys=1)
-        rev = await apply_shards(client, etcd_root, [ShardChange(spec=a, expect_mod_revision=0),
-                                                     ShardChange(spec=b)])
+        rev = (await apply_shards(client, etcd_root, [ShardChange(spec=a, expect_mod_revision=0),
+                                                      ShardChange(spec=b)])).revision
         assert rev > 0
         listed = await list_shards(client, etcd_root)
         assert [e.spec for e in listed] == [a, b]
-        # Must-not-exist fails now, and the whole transaction with it.
+        # Must-not-exist fails now, and the whole transaction with it (a spec equal to
+        # the stored one would be left unchanged: nothing to write).
         with pytest.raises(EtcdTransactionFailed):
-            await apply_shards(client, etcd_root, [ShardChange(spec=good(id="s-c")),
-                                                   ShardChange(spec=a, expect_mod_revision=0)])
+            await apply_shards(client, etcd_root, [
+                ShardChange(spec=good(id="s-c")),
+                ShardChange(spec=msgspec.structs.replace(a, hot_standbys=1), expect_mod_revision=0)])
         assert len(await list_shards(client, etcd_root)) == 2
         # A bad spec writes nothing.
         with pytest.raises(ValidationError) as info:
@@ -176,8 +178,12 @@ def test_cli_apply_list_delete(etcd, etcd_root: str, tmp_path, capsys, monkeypat
     # yaml round-trips through apply (with revisions: a CAS).
     as_yaml = quire("list", "-o", "yaml").stdout
     assert "revision:" in as_yaml
-    assert quire("apply", "-f", "-", stdin=as_yaml).returncode == 0
-    stale = quire("apply", "-f", "-", stdin=as_yaml)
+    same = quire("apply", "-f", "-", stdin=as_yaml)  # what etcd holds already: no write
+    assert same.returncode == 0 and "applied 0 shard change(s), 2 unchanged" in same.stdout
+    edited = as_yaml.replace("hot_standbys: 1", "hot_standbys: 2")
+    assert edited != as_yaml
+    assert quire("apply", "-f", "-", stdin=edited).returncode == 0
+    stale = quire("apply", "-f", "-", stdin=edited.replace("hot_standbys: 2", "hot_standbys: 0"))
     assert stale.returncode == 4, stale.stderr  # conflict: revisions moved
     bad = quire("apply", "-f", "-",
                  stdin="- {id: x-1, sources: [{journal: aa/bb}], hot_standbys: 99}\n")

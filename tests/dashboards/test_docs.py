@@ -46,7 +46,7 @@ def test_every_worker_setting_is_documented_with_its_default() -> None:
         assert float(cells[2]) == minimum, (var, cells[2], minimum)
 
 
-@pytest.mark.parametrize("module", ["coordinator.metrics", "coordinator.persister",
+@pytest.mark.parametrize("module", ["coordinator.metrics", "coordinator.persister", "coordinator.backlog",
                                     "coordinator.index_watch", "workers.metrics",
                                     "workers.jobs_metrics",
                                     "consumers.metrics"])

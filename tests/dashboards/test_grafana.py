@@ -51,9 +51,11 @@ def quire_registry() -> dict[str, str]:
     import coordinator.index_watch  # noqa: F401 - registers quire_index_age_seconds, …
     import coordinator.metrics  # noqa: F401
     import consumers.metrics  # noqa: F401 - registers quire_shard_*
+    import coordinator.backlog  # noqa: F401 - registers quire_persist_backlog_*, quire_route_*
     import coordinator.persister  # noqa: F401 - registers quire_persist_lag_*, …
     import workers.jobs_metrics  # noqa: F401 - registers quire_job_*, the watermark gauge
     import workers.metrics  # noqa: F401
+    import workers.scrub  # noqa: F401 - registers quire_scrub_*
 
     return {m.name: m.type for m in REGISTRY.collect() if m.name.startswith("quire_")}
 

@@ -12,7 +12,6 @@ import pytest
 
 from fragment_store import (
     ChecksumMismatch,
-    CodecError,
     CoverSet,
     FragmentNotFound,
     FragmentStore,
@@ -117,8 +116,12 @@ def test_read_detects_corrupt_objects(store: FragmentStore) -> None:
     frag = make(data, codec=Codec.GZIP)
     key = fragment_key(frag)
     store.put(key, b"garbage, not gzip")
-    with pytest.raises(CodecError):
+    # The codec's refusal is reported as the copy failing its proof (FragmentCorrupt is a
+    # ChecksumMismatch); without a good copy the object is copied aside and kept.
+    with pytest.raises(ChecksumMismatch):
         b"".join(read_fragment(store, frag))
+    assert store.read_all(key) == b"garbage, not gzip"
+    assert store.read_all(".quire/quarantine/" + key) == b"garbage, not gzip"
     raw = make(data, codec=Codec.NONE)
     store.put(fragment_key(raw), data[:-3])
     with pytest.raises(ChecksumMismatch):

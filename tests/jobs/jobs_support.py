@@ -179,11 +179,13 @@ class Cluster:
         assert len(mine) == 1 and mine[0] in JOURNALS, keys
         return mine[0]
 
-    def apply_journals(self, names: tuple[str, ...], labels: LabelSet = LABELS) -> None:
+    def apply_journals(self, names: tuple[str, ...], labels: LabelSet = LABELS,
+                       fragment: FragmentSpec | None = None) -> None:
         assert self.client is not None
-        self.client.apply([JournalSpec(name=n, replication=1, labels=labels, fragment=FragmentSpec(
-            length=4096, compression_codec="none", stores=(self.store,), refresh_interval=1.0))
-            for n in names])
+        fragment = fragment or FragmentSpec(length=4096, compression_codec="none",
+                                            stores=(self.store,), refresh_interval=1.0)
+        self.client.apply([JournalSpec(name=n, replication=1, labels=labels, fragment=fragment)
+                           for n in names])
         for n in names:
             wait_until(lambda n=n: self._appendable(n), 60, f"{n} to take appends")
 

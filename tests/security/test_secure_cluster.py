@@ -84,9 +84,10 @@ def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path
         assert c.cli("append", "-j", name, stdin=LINE).returncode == 0  # rolls the first
     for name in (KEPT, DOOMED, GONE):  # the worker fetched over mTLS and wrote the store
         until(lambda n=name: persisted(c, n), 90, f"{name} to be persisted")
-    # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs.
+    # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs
+    # (one per primary member, pulse_member; pulse_journal for a journal with none yet).
     until(lambda: re.search(r'quire_worker_tasks_total\{outcome="success",'
-                            r'task="workers.pulse.pulse_journal"\} [1-9]', c.worker_metrics()),
+                            r'task="workers.pulse.pulse_(member|journal)"\} [1-9]', c.worker_metrics()),
           60, "a pulse task to succeed")
     assert c.cli("read", "-j", KEPT, "--end-offset", str(len(LINE))).stdout == LINE
     assert c.cli("journals", "delete", DOOMED).returncode == 0  # no --purge: objects stay
@@ -444,3 +445,46 @@ def test_spark_reads_through_secure_etcd(secure_cluster: SecureCluster, spark, m
           .option("framing", "raw").load())
     values = df.select("value").toArrow().column("value").to_pylist()
     assert sum(len(v) for v in values) >= 2 * len(LINE), values[:1]
+
+
+# -- persistence you can see (issue 51) ------------------------------------------------------
+
+def test_apply_refuses_a_store_no_worker_accepts(secure_cluster: SecureCluster,
+                                                 tmp_path: Path) -> None:
+    """Case 2: a spec naming file:///some/dir/ (not the cluster's store) is refused up
+    front, naming the store the (auth-on) worker accepts; nothing is applied."""
+    c = secure_cluster
+    spec = tmp_path / "elsewhere.yaml"
+    spec.write_text("name: sec/elsewhere\nreplication: 1\nfragment:\n"
+                    "  stores: [file:///some/dir/]\n")
+    # --dry-run applies nothing, so polling it is safe while the worker announces itself.
+    res = until(lambda: (r := c.cli("journals", "apply", "--dry-run", "-f", str(spec))).returncode
+                == 7 and r, 60, "the worker's stores to be announced")
+    res = c.cli("journals", "apply", "-f", str(spec))
+    said = " ".join(res.stderr.decode().split())
+    assert res.returncode == 7, said
+    assert "refused: no live worker persists to file:///some/dir/ (journal sec/elsewhere)" in said
+    assert f"accept: {c.info['store']}" in said
+    listed = c.cli("journals", "list", "-o", "json")
+    assert listed.returncode == 0 and b"sec/elsewhere" not in listed.stdout
+
+
+def test_backlog_reported_through_the_coordinators_redis_user(secure_cluster: SecureCluster,
+                                                              tmp_path: Path) -> None:
+    """The primary writes its backlog report with the coordinators' ACL user, and
+    `journals list --stats` shows it."""
+    c = secure_cluster
+    name = "sec/backlog"
+    spec = tmp_path / "backlog.yaml"
+    spec.write_text(f"name: {name}\nreplication: 1\nfragment:\n  length: 1MiB\n"
+                    f"  stores: [{c.info['store']}]\n")
+    assert c.cli("journals", "apply", "-f", str(spec)).returncode == 0
+    until(lambda: c.cli("append", "-j", name, stdin=LINE).returncode == 0, 60,
+          f"{name} to accept appends")
+
+    def backlog() -> int:
+        out = c.cli("journals", "list", "--stats", "-l", f"name={name}", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        [row] = [json.loads(ln) for ln in out.stdout.splitlines()]
+        return row["backlog_bytes"] or 0
+    assert until(backlog, 30, "the backlog report") >= len(LINE)

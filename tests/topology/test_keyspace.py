@@ -214,3 +214,77 @@ async def test_keyspace_survives_etcd_restart(etcd_root: str) -> None:
                 await wait_until(ks, lambda: "logs/later" in ks.journals, 5)
         finally:
             await c.close()
+
+
+async def test_assignment_indexes_follow_every_change(client: aetcd.Client, etcd_root: str) -> None:
+    """The cached per-journal order and the per-member index equal a full scan after
+    puts, value changes, deletes and a re-list."""
+    def check(ks: KeySpace) -> None:
+        every = [a for by in ks._assign.values() for a in by.values()]  # noqa: SLF001
+        for journal in {a.journal for a in every} | {"logs/none"}:
+            assert ks.assignments(journal) == sorted(
+                (a for a in every if a.journal == journal), key=lambda a: (a.slot, a.member))
+        for pid in (A, B, C):
+            assert ks.assignments_of(pid) == sorted(
+                (a for a in every if a.member == pid), key=lambda a: (a.journal, a.slot))
+
+    async with KeySpace(client, etcd_root) as ks:
+        for i, pid in enumerate((A, B, C)):
+            await assign(client, etcd_root, "logs/x", pid, i)
+            await assign(client, etcd_root, f"logs/{pid.suffix}", pid, 0)
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 3, 5)
+        check(ks)
+        ks.assignments("logs/x").clear()  # a caller's copy: the cache is not theirs
+        await assign(client, etcd_root, "logs/x", B, 1, value=b'{"members": [{"zone": "a", "suffix": "broker-2"}]}')
+        await client.delete(assignment_key(etcd_root, "logs/x", C, 2).encode())
+        await wait_until(ks, lambda: len(ks.assignments("logs/x")) == 2
+                         and ks.assignments("logs/x")[1].value is not None, 5)
+        check(ks)
+        await ks._load()  # noqa: SLF001 - the re-list path rebuilds the indexes
+        check(ks)
+        assert [a.journal for a in ks.assignments_of(C)] == ["logs/broker-3"]
+
+
+async def test_touched_names_the_journals_a_batch_changed(client: aetcd.Client,
+                                                          etcd_root: str) -> None:
+    """Followers re-examine the journals a batch touched (coordinator/hosting.py);
+    a member key (or a re-list) touches everything: None."""
+    seen: list[set[str] | None] = []
+    async with KeySpace(client, etcd_root) as ks:
+        ks.on_change.append(lambda k: seen.append(None if k.touched is None else set(k.touched)))
+        assert ks.touched is None  # the load
+        rev = await add_journal(client, etcd_root, "touch/a")
+        assert await ks.wait_for_revision(rev, timeout=5)
+        assert seen[-1] == {"touch/a"}
+        await assign(client, etcd_root, "touch/b", A, 0)
+        await wait_until(ks, lambda: len(ks.assignments("touch/b")) == 1, 5)
+        assert seen[-1] == {"touch/b"}
+        spec = BrokerSpec(id=B, endpoint="127.0.0.1:1")
+        await client.put(member_key(etcd_root, B).encode(), msgspec.json.encode(spec))
+        await wait_until(ks, lambda: B in ks.members, 5)
+        assert seen[-1] is None
+
+
+async def test_concurrent_catch_ups_share_one_prefix_read(client: aetcd.Client,
+                                                          etcd_root: str) -> None:
+    """Many waiters for a revision written outside the prefix (no event will announce
+    it) cost etcd one read of the prefix at a time, not one each."""
+    await add_journal(client, etcd_root, "share/a")
+    async with KeySpace(client, etcd_root) as ks:
+        reads = 0
+        real = client.get_prefix
+
+        async def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            nonlocal reads
+            reads += 1
+            return await real(*args, **kwargs)
+
+        client.get_prefix = counted  # type: ignore[method-assign]
+        try:
+            outside = await client.put(f"{etcd_root}-elsewhere/x".encode(), b"1")
+            rev = outside.header.revision
+            waiters = [ks.wait_for_revision(rev, timeout=10) for _ in range(50)]
+            assert all(await asyncio.gather(*waiters))
+        finally:
+            client.get_prefix = real  # type: ignore[method-assign]
+        assert 1 <= reads < 10, reads

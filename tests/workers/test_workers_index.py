@@ -147,3 +147,24 @@ def test_beat_sweep_honors_each_journal_refresh_interval(
         beat.close()
     # One beat entry serves both journals; the slow one was refreshed once, at first sight.
     assert updates.count(slow) == 1
+
+
+def test_sweep_refreshes_due_journals_in_batches(
+        start_worker, client, etcd, etcd_root, file_store, redis_db, updates) -> None:
+    """The sweep sends due journals as `refresh_batch` tasks (one topology read each),
+    never a `refresh_journal` per journal; every journal's index is published."""
+    names = [f"acme/batched-{i}" for i in range(7)]
+    store = open_store(file_store)
+    for i, name in enumerate(names):
+        put_journal(etcd, etcd_root, name, stores=(file_store,))
+        put_fragment(store, name, 0, f"content of {i}\n".encode())
+    worker = start_worker(queues=("index",))
+    client.send_task("workers.index.sweep", queue="index")
+    wait_for(lambda: all(updates.count(n) >= 1 for n in names), timeout=60,
+             what="every journal's index published")
+    for i, name in enumerate(names):
+        cover = CoverSet.from_json(redis_db.client.get(f"quire:index:{name}"))
+        assert [(f.begin, f.end) for f in cover] == [(0, len(f"content of {i}\n"))]
+    text = worker.log_text()
+    assert "workers.index.refresh_batch[" in text
+    assert "workers.index.refresh_journal[" not in text

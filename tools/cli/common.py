@@ -11,11 +11,14 @@ Exit codes (one per class of failure, so scripts can branch on them):
     5   not allowed (NOT_ALLOWED, SUSPENDED, UNAUTHORIZED, FORBIDDEN)
     6   unavailable: the cluster could not serve the request (UNAVAILABLE, no primary,
         insufficient brokers, wrong route, store unhealthy, connection refused)
-    7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config)
+    7   invalid input (validation errors, BAD_REQUEST, malformed spec files, config,
+        ETCD_LIMIT_EXCEEDED: a transaction over etcd's limits; see --max-txn-size)
     8   protocol error (the peer is not a quire broker, or a version mismatch)
     9   outcome unknown (COMMIT_UNKNOWN): an append's commit was sent and then the answer
         was lost; it may or may not be in the journal, so a blind retry may duplicate it
     130 interrupted (Ctrl-C)
+
+An apply stopped part-way (ApplyIncomplete) exits with the code of what stopped it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import yaml
 from quire.client import Client
 from protocol import Status
 from protocol.config import Settings
+from protocol.apply_chunks import ApplyIncomplete
+from protocol.tls import TLSRefused
 from protocol.errors import (
     ProtocolError,
     QuireError,
@@ -54,6 +59,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_NOT_ALLOWED = 3, 4, 5
 EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_PROTOCOL, EXIT_INTERRUPTED = 6, 7, 8, 130
 EXIT_OUTCOME_UNKNOWN = 9
+EXIT_CORRUPT = 10
 
 _STATUS_EXIT = {
     Status.JOURNAL_NOT_FOUND: EXIT_NOT_FOUND,
@@ -73,6 +79,8 @@ _STATUS_EXIT = {
     Status.SHARD_FENCED: EXIT_CONFLICT,
     Status.SPOOL_FULL: EXIT_UNAVAILABLE,
     Status.SPOOL_FAILED: EXIT_UNAVAILABLE,
+    Status.ETCD_LIMIT_EXCEEDED: EXIT_INVALID,
+    Status.FRAGMENT_CORRUPT: EXIT_CORRUPT,
 }
 
 
@@ -102,16 +110,23 @@ class ServiceUnreachable(CliError):
     def __init__(self, service: str, url: str, why: str, setting: str) -> None:
         hint = ("" if os.environ.get("QUIRE_DATA_DIR") else
                 "; for a `quire up` cluster in another data dir, set QUIRE_DATA_DIR")
-        super().__init__(f"{service} unreachable at {url}: {' '.join(why.split()) or 'no answer'} "
-                         f"(set {setting}{hint})", EXIT_UNAVAILABLE)
+        tail = f" (set {setting}{hint})" if setting else ""  # "": `why` names what to set
+        super().__init__(f"{service} unreachable at {url}: {' '.join(why.split()) or 'no answer'}"
+                         f"{tail}", EXIT_UNAVAILABLE)
         self.service, self.url = service, url
 
 
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, CliError):
         return exc.code
+    if isinstance(exc, ApplyIncomplete):
+        return exit_code_for(exc.cause)
     if isinstance(exc, StatusError):
         return _STATUS_EXIT.get(exc.status, EXIT_UNAVAILABLE)
+    from fragment_store.verified import FragmentCorrupt
+
+    if isinstance(exc, FragmentCorrupt):
+        return EXIT_CORRUPT
     if isinstance(exc, (ValidationError, ValueError)):
         return EXIT_INVALID
     if isinstance(exc, ProtocolError):
@@ -168,12 +183,15 @@ async def reach(client: Client, timeout: float) -> None:
     command), or raise ServiceUnreachable naming what was tried and how to change it."""
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
+    tls: list[str] = []
     while True:
         for endpoint in client.endpoints:
             try:
                 conn = await client.pool.acquire(endpoint)
             except Unavailable as exc:
                 reasons[endpoint] = _why(exc)
+                if isinstance(exc.__cause__, TLSRefused) and endpoint not in tls:
+                    tls.append(endpoint)  # the reason names the TLS variable to set
                 continue
             client.pool.release(conn)
             return
@@ -183,7 +201,7 @@ async def reach(client: Client, timeout: float) -> None:
     why = ("; ".join(f"{e}: {r}" for e, r in reasons.items()) if len(reasons) > 1
            else "".join(reasons.values()))
     raise ServiceUnreachable("coordinator", ",".join(client.endpoints), why,
-                             "QUIRE_BROKER or --broker")
+                             "" if len(tls) == len(reasons) else "QUIRE_BROKER or --broker")
 
 
 def _why(exc: BaseException) -> str:
@@ -253,3 +271,8 @@ def progress_enabled() -> bool:
 
 
 OutputOption = typer.Option(Output.table, "-o", "--output", help="table, json (JSON lines) or yaml.")
+
+MaxTxnSizeOption = typer.Option(
+    128, "--max-txn-size", min=1,
+    help="Changes per etcd transaction (etcd's --max-txn-ops, 128 by default); a larger "
+         "apply is cut into several transactions, each atomic (docs/operations.md).")

@@ -173,7 +173,12 @@ def read(ctx: typer.Context,
          block: bool = typer.Option(False, "--block", help="Wait for content once at the head."),
          end_offset: int = typer.Option(0, "--end-offset", help="Stop before this offset."),
          from_store: bool = typer.Option(False, "--from-store",
-                                         help="Read persisted fragments straight from the store."),
+                                         help="Read persisted fragments straight from the store "
+                                              "(each proven by its SHA-1 before a byte is printed)."),
+         unverified: bool = typer.Option(False, "--unverified-reads-risk-corruption",
+                                         help="With --from-store: print stored bytes without "
+                                              "proving them; a rotten byte in the store is "
+                                              "printed as if it were content."),
          output: ReadOutput = typer.Option(ReadOutput.raw, "--output", "-o",
                                            help="raw bytes, or json: one line per message "
                                                 "{journal, offset, value}.")) -> None:
@@ -181,7 +186,7 @@ def read(ctx: typer.Context,
 
     async def go(client: Client) -> None:
         reader = client.read(journal, offset, block=block, follow=follow, end_offset=end_offset,
-                             from_store=from_store)
+                             from_store=from_store, unverified_reads_risk_corruption=unverified)
         framer = LineFramer()
         previous_end = None
         out = sys.stdout.buffer

@@ -35,7 +35,7 @@ from protocol.job import JobRun, JobSpec, RunState, iso, parse_time, window_of
 from topology.jobs import (
     JobNotFound,
     JobStatus,
-    apply_job,
+    apply_jobs,
     check_window,
     create_run,
     delete_job,
@@ -46,9 +46,9 @@ from topology.jobs import (
     list_runs,
 )
 
-from .common import EXIT_NOT_FOUND, CliError, Output, OutputOption, emit_json_lines, emit_table, \
-    emit_yaml, stdout
-from .shards import EtcdOption, RootOption, _root, _run
+from .common import EXIT_NOT_FOUND, CliError, MaxTxnSizeOption, Output, OutputOption, \
+    emit_json_lines, emit_table, emit_yaml, stdout
+from .shards import EtcdOption, RootOption, _root, _run, applied_line
 
 app = typer.Typer(help="Batch jobs over journals, run once per window when it is persisted.",
                   no_args_is_help=True)
@@ -97,8 +97,10 @@ def _window_arg(text: str, spec: JobSpec, what: str) -> int:
 @app.command("apply")
 def apply_cmd(file: Path = typer.Option(..., "-f", "--file", help="Job spec YAML ('-' = stdin)."),
               dry_run: bool = typer.Option(False, "--dry-run", help="Validate only."),
+              max_txn_size: int = MaxTxnSizeOption,
               etcd: str = EtcdOption, root: str = RootOption) -> None:
-    """Create or replace jobs from a spec file."""
+    """Create or replace jobs from a spec file: unchanged specs are skipped, the rest
+    written in transactions of at most --max-txn-size changes."""
     text = typer.get_text_stream("stdin").read() if str(file) == "-" else file.read_text()
     specs = parse(text, str(file))
     if dry_run:
@@ -106,21 +108,18 @@ def apply_cmd(file: Path = typer.Option(..., "-f", "--file", help="Job spec YAML
         return
     r = _root(root)
 
-    async def body(client: Any) -> int:
-        rev = 0
+    async def body(client: Any) -> Any:
+        stored = {spec.name: spec for spec, _ in await list_jobs(client, r)}
+        resolved = []
         for spec in specs:
             if not spec.start:
-                try:
-                    old, _ = await get_job(client, r, spec.name)
-                    start = old.start
-                except JobNotFound:
-                    start = time.time()
+                old = stored.get(spec.name)
+                start = old.start if old is not None else time.time()
                 spec = msgspec.structs.replace(spec, start=float(window_of(start, spec.window)))
-            rev = await apply_job(client, r, spec)
-        return rev
+            resolved.append(spec)
+        return await apply_jobs(client, r, resolved, max_txn_size=max_txn_size)
 
-    rev = _run(etcd, body)
-    stdout.print(f"applied {len(specs)} job(s) at revision {rev}")
+    stdout.print(applied_line(_run(etcd, body), "job"))
 
 
 def _counts(runs: list[JobRun]) -> str:
@@ -137,7 +136,8 @@ def _waiting(status: JobStatus | None, now: float) -> str:
         return status.note
     behind = f", {now - status.watermark:.0f}s behind" if status.watermark else ", no watermark yet"
     return (f"window {iso(status.next_window)} waits on {status.waiting_on}"
-            f" (watermark {iso(status.watermark) if status.watermark else '-'}{behind})")
+            f" (watermark {iso(status.watermark) if status.watermark else '-'}{behind})"
+            + (f" — {status.reason}" if status.reason else ""))
 
 
 @app.command("list")

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from quire.client import Client
 from protocol import ApplyChange, ListEntry
+from protocol.apply_chunks import ApplyIncomplete, ApplyResult
 
 from . import specs as specfile
+from .store_check import check_spec_stores
 from .common import (
     EXIT_NOT_FOUND,
     CliError,
+    MaxTxnSizeOption,
     ServiceUnreachable,
     Output,
     OutputOption,
@@ -63,9 +66,8 @@ def list_journals(ctx: typer.Context, selector: str = SelectorOption,
 
 
 def _print_stats(entries: list[ListEntry], output: Output) -> None:
-    """One listing per store of each journal (the stores are authoritative)."""
-    import time
-
+    """One listing per store of each journal (the stores are authoritative), with the
+    persistence backlog and the last persist failure (docs/operations.md)."""
     from fragment_store import open_store
     from fragment_store.errors import StoreUnavailable
     from fragment_store.stats import EMPTY, add, store_stats
@@ -81,8 +83,16 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
                 raise store_unreachable(exc, store, f"fragment.stores of {e.spec.name}'s spec") from None
         rows.append({"journal": e.spec.name, **total._asdict()})
     marks = _watermarks([r["journal"] for r in rows])
+    backlog, failures = persist_status()
+    now = time.time()
     for r in rows:
         r["watermark"] = marks.get(r["journal"], 0.0)
+        b = backlog.get(r["journal"]) if backlog is not None else None
+        r["backlog_bytes"] = b.bytes if b is not None else (0 if backlog is not None else None)
+        r["backlog_age"] = round(b.age(now), 1) if b is not None else (0.0 if backlog is not None else None)
+        f = (failures or {}).get(r["journal"])
+        r["persist_error"] = (f"{f.reason}: {f.message} ({f.count}x, last "
+                              f"{max(0, int(now - f.last))}s ago)") if f is not None else ""
     if output is Output.json:
         emit_json_lines(rows)
     elif output is Output.yaml:
@@ -91,12 +101,43 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
         def when(t: int) -> str:
             return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
 
+        def backlog_cell(r: dict) -> tuple[str, str]:
+            if r["backlog_bytes"] is None:
+                return "?", "?"
+            if not r["backlog_bytes"]:
+                return "0", "-"
+            return human_bytes(r["backlog_bytes"]), f"{r['backlog_age']:.0f}s"
+
         emit_table(None, ["name", "fragments", "stored", "oldest (UTC)", "newest (UTC)", "offsets",
-                          "persisted watermark (UTC)"],
+                          "persisted watermark (UTC)", "backlog", "backlog age", "persist error"],
                    [(r["journal"], r["fragments"], human_bytes(r["stored_bytes"]),
                      when(r["oldest"]), when(r["newest"]),
                      f"{r['begin']}..{r['end']}" if r["fragments"] else "-",
-                     when(int(r["watermark"]))) for r in rows])
+                     when(int(r["watermark"])), *backlog_cell(r), r["persist_error"] or "-")
+                    for r in rows])
+
+
+def persist_status() -> tuple[dict | None, dict | None]:
+    """(journal -> PersistBacklog, journal -> PersistFailure) from the workers' Redis at
+    $QUIRE_REDIS_URL (fragment_store/persist_status.py); (None, None) when it is unset or
+    unreachable (the columns then show '?')."""
+    import os
+
+    url = os.environ.get("QUIRE_REDIS_URL", "")
+    if not url:
+        return None, None
+    import redis
+
+    from fragment_store.persist_status import read_backlog, read_failures
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+        try:
+            return read_backlog(client), read_failures(client)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None, None
 
 
 def _watermarks(journals: list[str]) -> dict[str, float]:
@@ -126,8 +167,10 @@ def apply(ctx: typer.Context,
                                    help="YAML spec tree ('-' for stdin)."),
           dry_run: bool = typer.Option(False, "--dry-run",
                                        help="Parse and validate, print the changes, apply nothing."),
+          max_txn_size: int = MaxTxnSizeOption,
           output: Output = OutputOption) -> None:
-    """Create, update or delete journals from a YAML spec tree, in one transaction."""
+    """Create, update or delete journals from a YAML spec tree: unchanged specs are
+    skipped, the rest written in transactions of at most --max-txn-size changes."""
     if file == "-":
         text, source = sys.stdin.read(), "stdin"
     else:
@@ -138,38 +181,45 @@ def apply(ctx: typer.Context,
     changes = specfile.parse(text, source)
     if not changes:
         raise CliError(f"{source} holds no journals", 7)
-
-    async def go(client: Client) -> tuple[int, list[ApplyChange]]:
-        resolved = []
-        for change in changes:
-            if change.delete and change.expect_mod_revision == -1:
-                # Deletes name the revision they remove, so a racing re-create survives.
-                entry = await client.get_journal(change.delete)
-                change = ApplyChange(delete=change.delete, expect_mod_revision=entry.mod_revision)
-            resolved.append(change)
-        if dry_run:
-            return 0, resolved
-        return await client.apply(resolved), resolved
-
+    check_spec_stores(changes)  # refused (auth on) / warned: a store no live worker writes to
     if dry_run:
-        _print_changes(changes, output, revision=None)
+        _print_changes(changes, output, None)
         return
-    revision, resolved = run(ctx, go)
-    _print_changes(resolved, output, revision=revision)
+    try:
+        result = run(ctx, lambda c: c.apply_chunked(changes, max_txn_size=max_txn_size))
+    except ApplyIncomplete as exc:
+        _print_changes(changes, output, exc)
+        raise
+    _print_changes(changes, output, result)
 
 
-def _print_changes(changes: list[ApplyChange], output: Output, revision: int | None) -> None:
-    rows = [{"action": "delete" if c.delete else "upsert",
-             "journal": c.delete or (c.upsert.name if c.upsert else ""),
-             "expect_mod_revision": c.expect_mod_revision} for c in changes]
+def _print_changes(changes: list[ApplyChange], output: Output,
+                   result: ApplyResult | ApplyIncomplete | None) -> None:
+    """Each change with what became of it: applied, unchanged, or not applied."""
+    applied = set(result.applied) if result is not None else set()
+    unchanged = set(result.unchanged) if result is not None else set()
+    revision = result.revision if result is not None else None
+    rows = []
+    for c in changes:
+        name = c.delete or (c.upsert.name if c.upsert else "")
+        rows.append({"action": "delete" if c.delete else "upsert", "journal": name,
+                     "expect_mod_revision": c.expect_mod_revision,
+                     "result": "dry run" if result is None else "applied" if name in applied
+                     else "unchanged" if name in unchanged else "not applied"})
     if output is Output.json:
         emit_json_lines(rows if revision is None else [{**r, "revision": revision} for r in rows])
     elif output is Output.yaml:
-        emit_yaml({"revision": revision, "dry_run": revision is None, "changes": rows})
+        emit_yaml({"revision": revision, "dry_run": result is None, "changes": rows})
     else:
-        title = "dry run: nothing applied" if revision is None else f"applied at revision {revision}"
-        emit_table(title, ["action", "journal", "expected revision"],
-                   [(r["action"], r["journal"], r["expect_mod_revision"]) for r in rows])
+        if result is None:
+            title = "dry run: nothing applied"
+        else:
+            title = (f"applied {len(applied)}, unchanged {len(unchanged)}"
+                     + (f", not applied {len(result.not_applied)}"
+                        if isinstance(result, ApplyIncomplete) else "")
+                     + (f" (at revision {revision})" if applied else ""))
+        emit_table(title, ["action", "journal", "expected revision", "result"],
+                   [(r["action"], r["journal"], r["expect_mod_revision"], r["result"]) for r in rows])
 
 
 @app.command("delete")

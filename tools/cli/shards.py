@@ -57,6 +57,7 @@ from topology.shards import (
 from .common import (
     EXIT_UNAVAILABLE,
     CliError,
+    MaxTxnSizeOption,
     Output,
     OutputOption,
     ServiceUnreachable,
@@ -266,15 +267,25 @@ def list_cmd(etcd: str = EtcdOption, root: str = RootOption, output: Output = Ou
 @app.command("apply")
 def apply_cmd(file: Path = typer.Option(..., "-f", "--file", help="Shard spec YAML ('-' = stdin)."),
               dry_run: bool = typer.Option(False, "--dry-run", help="Validate only."),
+              max_txn_size: int = MaxTxnSizeOption,
               etcd: str = EtcdOption, root: str = RootOption) -> None:
-    """Create, update or delete shards from a spec file, all in one etcd transaction."""
+    """Create, update or delete shards from a spec file: unchanged specs are skipped, the
+    rest written in transactions of at most --max-txn-size changes."""
     text = typer.get_text_stream("stdin").read() if str(file) == "-" else file.read_text()
     changes = parse(text, str(file))
     if dry_run:
         stdout.print(f"{len(changes)} shard change(s) valid")
         return
-    revision = _run(etcd, lambda c: apply_shards(c, _root(root), changes))
-    stdout.print(f"applied {len(changes)} shard change(s) at revision {revision}")
+    result = _run(etcd, lambda c: apply_shards(c, _root(root), changes, max_txn_size=max_txn_size))
+    stdout.print(applied_line(result, "shard"))
+
+
+def applied_line(result: Any, what: str) -> str:
+    """`applied 3 shard change(s) in 1 transaction(s) at revision 42, 2 unchanged`."""
+    text = f"applied {len(result.applied)} {what} change(s)"
+    if result.transactions:
+        text += f" in {result.transactions} transaction(s) at revision {result.revision}"
+    return text + f", {len(result.unchanged)} unchanged"
 
 
 @app.command("delete")

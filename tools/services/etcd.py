@@ -46,9 +46,12 @@ class EtcdService(Service):
         cluster_token: str | None = None,
         tls: Any = None,
         probe_cert: Any = None,
+        extra_args: tuple[str, ...] | list[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        self.extra_args = tuple(extra_args)
+        """More etcd flags, e.g. ("--max-txn-ops", "16", "--max-request-bytes", "65536")."""
         self.tls = tls
         """(ca, cert, key) files (tools.tls_certs.LocalCA): serve TLS on client and peer
         URLs and demand client certificates (`--client-cert-auth`), whose CN is the etcd
@@ -115,7 +118,7 @@ class EtcdService(Service):
                      "--trusted-ca-file", self.tls.ca, "--client-cert-auth",
                      "--peer-cert-file", self.tls.cert, "--peer-key-file", self.tls.key,
                      "--peer-trusted-ca-file", self.tls.ca, "--peer-client-cert-auth"]
-        return argv
+        return argv + list(self.extra_args)
 
     def build_env(self) -> dict[str, str]:
         env = super().build_env()

@@ -1,7 +1,9 @@
 """Run real helper processes (etcd, redis-server, moto, Celery, coordinators).
 
 A `Service` owns one subprocess in its own process group, a working directory
-and a log file there. Everything is bounded: readiness, stop and kill all give
+and a log file there. The subprocess dies with this process, however it ends —
+SIGKILL included (a parent-death signal, tools/lifetime.py) — so no service
+outlives the command or test that started it. Everything is bounded: readiness, stop and kill all give
 up after a timeout and say why, with the tail of the service's own log, because
 a hung or silent failure in a fixture is the most expensive bug to debug.
 """
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
+
+from tools.lifetime import ProcessIdentity, dying_with_us, identity_after_exec, spawn
 
 __all__ = [
     "Service",
@@ -167,6 +171,11 @@ class Service:
             self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / f"{name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self.identity: ProcessIdentity | None = None
+        """Who the current run is (pid, start time, executable): what a later process may
+        check before it signals a pid it read from a file (tools/cluster_run.py)."""
+        self.on_spawn: Callable[[Service], None] | None = None
+        """Called after each start, once the process exists (LocalCluster records it)."""
         self._log_offset = 0
         self._paused = False
 
@@ -220,11 +229,15 @@ class Service:
             self._log_offset = log.tell()
             log.write(f"--- quire: starting {' '.join(argv)}\n".encode())
             log.flush()
+            env = self.build_env()
             try:
-                self._proc = subprocess.Popen(
-                    argv,
+                # Forked on a thread that lives as long as this process (lifetime.spawn):
+                # the death signal fires when the thread that forked exits.
+                self._proc = spawn(lambda: subprocess.Popen(
+                    # SIGKILL when this process dies, even by SIGKILL.
+                    dying_with_us(argv),
                     cwd=self.workdir,
-                    env=self.build_env(),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -232,12 +245,16 @@ class Service:
                     # reaches every child (Celery pool processes, JVMs), and
                     # Ctrl-C at the terminal does not hit services mid-test.
                     start_new_session=True,
-                )
+                ))
             except OSError as exc:
                 raise ServiceError(f"{self.name}: cannot run {argv[0]!r}: {exc}") from exc
+        # Popen returns once the child has exec'd: this is the program's identity.
+        self.identity = identity_after_exec(self._proc.pid)
         self._paused = False
         with _registry_lock:
             _registry[self._proc.pid] = self
+        if self.on_spawn is not None:
+            self.on_spawn(self)
         if wait:
             self.wait_ready()
         return self
@@ -291,6 +308,15 @@ class Service:
         self._signal_group(signal.SIGKILL)
         self._forget()
         return proc.returncode
+
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM to the leader, as stop() does) without waiting: for
+        callers that stop several services at once under one deadline; finish with
+        stop() once it exited, or kill() when the deadline passed."""
+        if self.running:
+            self._signal_leader(signal.SIGTERM)
+            if self._paused:
+                self._signal_group(signal.SIGCONT)
 
     def kill(self) -> int | None:
         """SIGKILL the whole group, like a machine losing power."""

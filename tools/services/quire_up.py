@@ -2,8 +2,9 @@
 act as a user in a second terminal (tests/cli/test_second_terminal.py, tests/test_docs_run.py).
 
 Ready once `quire up` has written `<data-dir>/env` under its own pid; stopped with
-SIGTERM, which drains and stops every member it started (their process groups are its
-own to sweep; Service sweeps its group too).
+SIGTERM, which drains and stops every member it started within its bound (their process
+groups are its own to sweep; Service sweeps its group too). Killed, it takes its
+members with it (each has a parent-death signal), as this service dies with the test.
 """
 
 from __future__ import annotations

@@ -1,0 +1,353 @@
+"""What a journal costs as journals number in the thousands (issue #49, DESIGN §16).
+
+    python -m bench.scale --journals 10 1000 10000 [--json OUT]
+
+For each N, a fresh cluster (bench/scale_cluster.py: etcd, Redis, 5 coordinators with
+`--journal-limit` raised as an operator would, a Celery worker and beat), then:
+
+1. the empty coordinators' RSS and fds (the baseline of "per hosted replica");
+2. N journals (R=3) applied in chunks of APPLY_CHUNK specs per `Client.apply` (an etcd
+   transaction holds at most 128 operations: until `quire journals apply` splits large
+   changes itself, the bench does) -- `apply_s`;
+3. `full_s`: seconds after the apply until every route is full (R assignments, a
+   primary, and the route advertised in every assignment: the primary synchronized it);
+4. `settle` seconds, then IDLE for `idle` seconds: each coordinator's CPU (% of a core,
+   /proc/PID/stat), then its RSS, open fds, threads, asyncio tasks and replicas (its
+   /metrics), etcd's key count and db size;
+5. appends/s of 1 KiB appends from 64 tasks, each taking the next journal round-robin
+   over all N, for `append` seconds;
+6. the cluster is stopped (`stop_s`).
+
+Rates are also given as a ratio to the N = 10 run (the first N) of the same run;
+per-replica costs are (figure - empty coordinator's) / replicas hosted. Every wait is
+bounded, and every process started is stopped, on Ctrl-C and SIGTERM too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from protocol import Codec, FragmentSpec, JournalSpec, LabelSet, Route
+from quire.client import Client
+from topology.etcd import parse_assignment_key
+
+from .scale_cluster import (
+    ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
+)
+
+__all__ = ["APPLY_CHUNK", "GOALS", "derive", "full_routes", "journal_limit", "main",
+           "round_robin", "run_scale"]
+
+APPLY_CHUNK = 100
+"""Specs per apply (one etcd transaction; etcd's default limit is 128 operations)."""
+APPLY_ATTEMPTS = 3
+REPLICATION = 3
+COORDINATORS = 5
+APPEND_TASKS = 64
+APPEND_SIZE = 1024
+GOALS = {"full_s": 60.0, "idle_cpu_pct": 5.0, "rss_kib_per_replica": 64.0,
+         "fds_per_replica": 0.25, "append_ratio": 0.8}
+"""Issue #49's figures at 10,000 journals (docs/benchmarks.md, "Scale")."""
+
+
+def journal_limit(journals: int, replication: int, coordinators: int) -> int:
+    """The `--journal-limit` an operator would give: twice the even share, room to spare
+    for one member's failover (and never below the default of 1024)."""
+    share = -(-journals * replication // coordinators)
+    return max(1024, 2 * share + 64)
+
+
+def round_robin(names: list[str]) -> Callable[[], str]:
+    """The next journal of `names` at each call, round-robin (shared by every task)."""
+    counter = itertools.count()
+    return lambda: names[next(counter) % len(names)]
+
+
+def full_routes(assignments: Iterable[tuple[str, bytes]], replication: int,
+                root: str = ROOT) -> set[str]:
+    """Journals whose route is full: `replication` assignments, one of them the primary
+    (slot 0), and every assignment holding the route they make (advertised by a pulse)."""
+    by_journal: dict[str, list[tuple[Any, int, bytes]]] = {}
+    for key, value in assignments:
+        try:
+            journal, member, slot = parse_assignment_key(root, key)
+        except ValueError:
+            continue
+        by_journal.setdefault(journal, []).append((member, slot, value))
+    out: set[str] = set()
+    for journal, items in by_journal.items():
+        members = tuple(sorted({m for m, _, _ in items}))
+        primaries = sorted(m for m, slot, _ in items if slot == 0)
+        if len(members) != replication or len(items) != replication or not primaries:
+            continue
+        route = Route(members=members, primary=members.index(primaries[0]))
+        try:
+            values = [msgspec.json.decode(v, type=Route) for _, _, v in items]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if all(v.equivalent(route) for v in values):
+            out.add(journal)
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def derive(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """Per-replica costs over the empty coordinators and the ratios to the base run."""
+    out: dict[str, Any] = {}
+    per_rss, per_fds = [], []
+    for c, empty in zip(run.get("coordinators", []), run.get("empty", [])):
+        n = c.get("replicas") or 0
+        if n > 0 and "rss_kib" in c and "rss_kib" in empty:
+            per_rss.append((c["rss_kib"] - empty["rss_kib"]) / n)
+            per_fds.append((c["fds"] - empty["fds"]) / n)
+    out["rss_kib_per_replica"] = max(per_rss) if per_rss else None
+    out["fds_per_replica"] = max(per_fds) if per_fds else None
+    cpus = [c["idle_cpu_pct"] for c in run.get("coordinators", []) if "idle_cpu_pct" in c]
+    out["idle_cpu_pct_max"] = max(cpus) if cpus else None
+    out["idle_cpu_pct_median"] = _median(cpus)
+    if base is not None and base.get("appends_per_s") and run.get("appends_per_s") is not None:
+        out["append_ratio"] = run["appends_per_s"] / base["appends_per_s"]
+    return out
+
+
+def _labels() -> LabelSet:
+    return LabelSet.of(bench="scale")
+
+
+async def _apply(client: Client, names: list[str], store: str) -> int:
+    """Upsert every spec, APPLY_CHUNK per transaction; a chunk that fails is applied again
+    (an unconditional upsert of the same specs: idempotent), at most APPLY_ATTEMPTS
+    times. Returns how many chunks had to be re-sent."""
+    resent = 0
+    for k in range(0, len(names), APPLY_CHUNK):
+        specs = [JournalSpec(name=n, replication=REPLICATION, labels=_labels(),
+                             fragment=FragmentSpec(stores=(store,), compression_codec=Codec.NONE))
+                 for n in names[k:k + APPLY_CHUNK]]
+        for attempt in range(APPLY_ATTEMPTS):
+            try:
+                await client.apply(specs)
+                break
+            except Exception:  # noqa: BLE001 - e.g. UNAVAILABLE from an overloaded member
+                if attempt == APPLY_ATTEMPTS - 1:
+                    raise
+                resent += 1
+                await asyncio.sleep(1.0)  # backoff before the same chunk again
+    return resent
+
+
+async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
+                     say: Callable[[str], None]) -> tuple[float | None, int]:
+    t0 = time.monotonic()
+    want = set(names)
+    full = 0
+    last_say = t0
+    while time.monotonic() - t0 < timeout:
+        got = await asyncio.to_thread(etcd_assignments, cluster.etcd_url)
+        full = len(want & full_routes(got, REPLICATION))
+        if full == len(want):
+            return time.monotonic() - t0, full
+        if time.monotonic() - last_say > 15:
+            say(f"  {full}/{len(want)} routes full after {time.monotonic() - t0:.0f} s")
+            last_say = time.monotonic()
+        await asyncio.sleep(1.0)  # poll: the allocator and pulses work in batches
+    return None, full
+
+
+async def _appends(endpoints: list[str], names: list[str], seconds: float) -> dict[str, Any]:
+    client = Client(endpoints, retry_timeout=30)
+    data = b"x" * (APPEND_SIZE - 1) + b"\n"
+    nxt = round_robin(names)
+    count = errors = 0
+    first_error = ""
+    stop = time.monotonic() + seconds
+
+    async def task() -> None:
+        nonlocal count, errors, first_error
+        while time.monotonic() < stop:
+            try:
+                await asyncio.wait_for(client.append(nxt(), data), 60)
+                count += 1
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                errors += 1
+                first_error = first_error or repr(exc)
+
+    t0 = time.monotonic()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(APPEND_TASKS):
+                tg.create_task(task())
+    finally:
+        await client.close()
+    elapsed = time.monotonic() - t0
+    return {"appends": count, "appends_per_s": count / elapsed, "append_errors": errors,
+            "append_first_error": first_error}
+
+
+def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, svc in enumerate(cluster.coordinators):
+        if not svc.running:  # died: say how, with its last words
+            out.append({"exited": svc.returncode, "log_tail": svc.log_tail(20)})
+            continue
+        st: dict[str, Any] = dict(proc_stats(svc.pid))
+        try:
+            st.update({("tasks" if k == "quire_asyncio_tasks" else "replicas"): int(v)
+                       for k, v in cluster.metrics(i).items()})
+        except OSError:
+            pass
+        out.append(st)
+    return out
+
+
+async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: float,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    run: dict[str, Any] = {"journals": n, "loadavg_start": os.getloadavg()}
+    limit = journal_limit(n, REPLICATION, COORDINATORS)
+    cluster = ScaleCluster(workdir, coordinators=COORDINATORS, journal_limit=limit)
+    try:
+        t0 = time.monotonic()
+        cluster.start()
+        run["start_s"] = time.monotonic() - t0
+        await asyncio.sleep(min(settle, 5.0))
+        run["empty"] = _sample(cluster)
+        names = [f"scale/j-{i:05d}" for i in range(n)]
+        client = Client(cluster.endpoints, retry_timeout=60)
+        try:
+            t0 = time.monotonic()
+            run["apply_resent_chunks"] = await _apply(client, names, cluster.store)
+            run["apply_s"] = time.monotonic() - t0
+        finally:
+            await client.close()
+        say(f"N={n}: applied in {run['apply_s']:.1f} s")
+        run["full_s"], run["full_routes"] = await _wait_full(
+            cluster, names, timeout=120 + 0.1 * n, say=say)
+        say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n})")
+        await asyncio.sleep(settle)
+        pids = cluster.coordinator_pids()
+        others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}
+        before = [cpu_seconds(p) for p in pids]
+        before_others = {k: cpu_seconds(p) for k, p in others.items()}
+        t0 = time.monotonic()
+        await asyncio.sleep(idle)
+        span = time.monotonic() - t0
+        cpu = [100 * (cpu_seconds(p) - b) / span for p, b in zip(pids, before)]
+        run["coordinators"] = _sample(cluster)
+        for st, pct in zip(run["coordinators"], cpu):
+            st["idle_cpu_pct"] = pct
+        run["others"] = {k: {**proc_stats(p), "idle_cpu_pct":
+                             100 * (cpu_seconds(p) - before_others[k]) / span}
+                         for k, p in others.items()}
+        run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
+        say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
+        run.update(await _appends(cluster.endpoints, names, append_s))
+        say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
+            f"({run['append_errors']} errors)")
+    except Exception as exc:  # noqa: BLE001 - reported with what was measured, then stopped
+        run["error"] = repr(exc)
+        say(f"N={n}: failed: {exc!r}")
+    finally:
+        run["stop_s"] = cluster.stop()
+        run["loadavg_end"] = os.getloadavg()
+    return run
+
+
+def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: float = 30.0,
+              append_s: float = 10.0, say: Callable[[str], None] = print) -> dict[str, Any]:
+    soft, hard = raise_nofile()
+    out: dict[str, Any] = {"benchmark": "scale", "coordinators": COORDINATORS,
+                           "replication": REPLICATION, "nofile": [soft, hard],
+                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "idle_s": idle, "append_s": append_s, "runs": []}
+    base = None
+    for n in sizes:
+        run = asyncio.run(_one(n, workdir / f"n{n}", settle=settle, idle=idle,
+                               append_s=append_s, say=say))
+        run.update(derive(run, base))
+        base = base or (run if run.get("appends_per_s") else None)
+        out["runs"].append(run)
+        shutil.rmtree(workdir / f"n{n}", ignore_errors=True)
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    cols = ("N", "apply s", "full s", "RSS MiB (max)", "KiB/replica", "fds (max)", "fds/replica",
+            "tasks (max)", "idle CPU % (max)", "etcd keys", "etcd MB", "appends/s", "x N=10",
+            "stop s")
+    rows = [cols]
+
+    def f(v: Any, d: int = 1) -> str:
+        return "-" if v is None else (f"{v:,.{d}f}" if isinstance(v, float) else str(v))
+
+    for r in result["runs"]:
+        cs = [c for c in r.get("coordinators", []) if "rss_kib" in c]
+        rows.append((str(r["journals"]), f(r.get("apply_s")), f(r.get("full_s")),
+                     f(max((c["rss_kib"] for c in cs), default=None) / 1024 if cs else None),
+                     f(r.get("rss_kib_per_replica")),
+                     f(max((c["fds"] for c in cs), default=None)), f(r.get("fds_per_replica"), 2),
+                     f(max((c["tasks"] for c in cs if "tasks" in c), default=None)),
+                     f(r.get("idle_cpu_pct_max")), f(r.get("etcd_keys")),
+                     f(r.get("etcd_db_bytes", 0) / 1e6), f(r.get("appends_per_s"), 0),
+                     f(r.get("append_ratio"), 2), f(r.get("stop_s"))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    lines += [f"N={r['journals']}: coordinator {i} exited ({c['exited']})"
+              for r in result["runs"] for i, c in enumerate(r.get("coordinators", []))
+              if "exited" in c]
+    lines += [f"N={r['journals']}: {r['full_routes']}/{r['journals']} routes full when the "
+              "wait ended" for r in result["runs"] if r.get("full_s") is None
+              and r.get("full_routes") is not None]
+    return "\n".join(lines)
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every `finally`
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
+    ap.add_argument("--journals", type=int, nargs="+", default=[10, 1000, 10000])
+    ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle CPU measure")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds after routes are full")
+    ap.add_argument("--append-seconds", type=float, default=10.0)
+    ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args(argv)
+    if any(n < 1 for n in args.journals):
+        ap.error("--journals: every N must be >= 1")
+    signal.signal(signal.SIGTERM, _terminate)
+    work = Path(tempfile.mkdtemp(prefix="quire-bench-scale-"))
+    try:
+        result = run_scale(args.journals, work, settle=args.settle, idle=args.idle,
+                           append_s=args.append_seconds,
+                           say=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    result["loadavg_end"] = os.getloadavg()
+    if args.json:  # first: a figure is never lost to a rendering bug
+        Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
