@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aetcd
 import msgspec
@@ -41,80 +41,76 @@ async def proxy(etcd: EtcdService) -> AsyncIterator[FaultProxy]:
         yield p
 
 
-async def _events(client: aetcd.Client, key: bytes, start: int, count: int,
+async def _events(etcd: EtcdService, key: bytes, start: int, count: int,
                   within: float = 5.0) -> list[int]:
     """The mod revisions of the PUT events of `key` from `start` on: `count` of them, or
     every one that arrived within `within` seconds."""
     revisions: list[int] = []
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(within):
-            async with contextlib.aclosing(watch_events(client, key, start)) as batches:
-                async for resp in batches:
-                    revisions += [ev.kv.mod_revision for ev in resp.events
-                                  if ev.type == rpc.Event.PUT]
-                    if len(revisions) >= count:
-                        break
+    client = await connect(etcd.url)
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                async with contextlib.aclosing(watch_events(client, key, start)) as batches:
+                    async for resp in batches:
+                        revisions += [ev.kv.mod_revision for ev in resp.events
+                                      if ev.type == rpc.Event.PUT]
+                        if len(revisions) >= count:
+                            break
+    finally:
+        await client.close()
     return revisions
 
 
-async def _lose_the_answer(proxy: FaultProxy, direct: aetcd.Client, key: bytes,
-                           write: asyncio.Task) -> None:  # type: ignore[type-arg]
-    """With the answers held back, wait until etcd has committed `key`, then reset the
-    connection so the answer is lost; the client's write is still waiting on it."""
-    deadline = time.monotonic() + 10
-    while (await direct.get(key)) is None:
-        assert time.monotonic() < deadline, "the write never reached etcd"
-        await asyncio.sleep(0.02)
-    assert not write.done(), "the answer reached the client through a held-back link"
-    proxy.set_fault(Fault(FaultMode.RESET))
-    proxy.heal()
+async def _lost_answer(etcd: EtcdService, proxy: FaultProxy, key: bytes,
+                       write: Callable[[aetcd.Client], Awaitable[object]]) -> tuple[int, object]:
+    """Run `write` through the proxy with etcd's answers held back; once etcd has committed
+    `key`, reset the connection so the answer is lost (the client is still waiting on it),
+    and let the write's own retries finish. Returns the revision before the write and
+    what `write` returned."""
+    direct = await connect(etcd.url)
+    via = await connect(f"http://{proxy.endpoint}")
+    try:
+        start = (await direct.put(key + b"/start", b"")).header.revision
+        await via.get(key)  # the connection through the proxy is up before the fault
+        proxy.set_fault(Fault(FaultMode.ONE_WAY, direction="down"))
+        task = asyncio.get_running_loop().create_task(write(via))
+        deadline = time.monotonic() + 10
+        while (await direct.get(key)) is None:
+            assert time.monotonic() < deadline, "the write never reached etcd"
+            await asyncio.sleep(0.02)
+        assert not task.done(), "the answer reached the client through a held-back link"
+        proxy.set_fault(Fault(FaultMode.RESET))
+        proxy.heal()
+        return start, await asyncio.wait_for(task, 15)
+    finally:
+        await via.close()
+        await direct.close()
 
 
 async def test_a_write_retried_blindly_after_its_answer_was_lost_is_written_twice(
         etcd: EtcdService, etcd_root: str, proxy: FaultProxy) -> None:
-    direct = await connect(etcd.url)
-    via = await connect(f"http://{proxy.endpoint}")
     key = f"{etcd_root}/blind".encode()
-    try:
-        start = (await direct.put(f"{etcd_root}/start".encode(), b"")).header.revision
-        await via.get(key)  # the connection through the proxy is up before the fault
-        proxy.set_fault(Fault(FaultMode.ONE_WAY, direction="down"))
 
-        async def blind_put() -> None:
-            # What the host test's writer did: a put, retried on any failure.
-            while True:
-                try:
-                    await asyncio.wait_for(via.put(key, b"x"), 1.0)
-                    return
-                except Exception:  # noqa: BLE001 - timed out / reset
-                    await asyncio.sleep(0.05)
+    async def blind_put(via: aetcd.Client) -> None:
+        # What the host test's writer did: a put, retried on any failure.
+        while True:
+            try:
+                await asyncio.wait_for(via.put(key, b"x"), 1.0)
+                return
+            except Exception:  # noqa: BLE001 - timed out / reset
+                await asyncio.sleep(0.05)
 
-        write = asyncio.get_running_loop().create_task(blind_put())
-        await _lose_the_answer(proxy, direct, key, write)
-        await asyncio.wait_for(write, 15)
-        revisions = await _events(direct, key, start + 1, count=2)
-        assert len(revisions) == 2 and revisions[0] < revisions[1], revisions
-    finally:
-        await via.close()
-        await direct.close()
+    start, _ = await _lost_answer(etcd, proxy, key, blind_put)
+    revisions = await _events(etcd, key, start + 1, count=2)
+    assert len(revisions) == 2 and revisions[0] < revisions[1], revisions
 
 
 async def test_a_guarded_write_retried_after_its_answer_was_lost_is_written_once(
         etcd: EtcdService, etcd_root: str, proxy: FaultProxy) -> None:
-    direct = await connect(etcd.url)
-    via = await connect(f"http://{proxy.endpoint}")
     key = f"{etcd_root}/guarded".encode()
-    try:
-        start = (await direct.put(f"{etcd_root}/start".encode(), b"")).header.revision
-        await via.get(key)  # the connection through the proxy is up before the fault
-        proxy.set_fault(Fault(FaultMode.ONE_WAY, direction="down"))
-        write = asyncio.get_running_loop().create_task(create_once(via, key, b"x", attempt=1.0))
-        await _lose_the_answer(proxy, direct, key, write)
-        created = await asyncio.wait_for(write, 15)
-        assert await _events(direct, key, start + 1, count=2, within=2.0) == [created]
-    finally:
-        await via.close()
-        await direct.close()
+    start, created = await _lost_answer(etcd, proxy, key,
+                                        lambda via: create_once(via, key, b"x", attempt=1.0))
+    assert await _events(etcd, key, start + 1, count=2, within=2.0) == [created]
 
 
 async def test_the_keyspace_never_applies_an_event_twice(etcd: EtcdService, etcd_root: str) -> None:
