@@ -16,6 +16,9 @@ from typing import Any
 import redis
 
 from protocol.config import Settings
+from protocol.credentials import settings_token
+from protocol.tls import settings_client_ssl
+from quire.client.client import Client
 from workers.config import WorkerSettings
 from workers.topology import Topology, read_topology_sync
 
@@ -100,3 +103,12 @@ def sweep_topology(name: str, interval: float) -> Iterator[Topology | None]:
     s = settings()
     with sweep_lock(name, ttl=max(5.0, interval)) as held:
         yield read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout) if held else None
+
+
+def coordinator_client(endpoints: list[str]) -> Client:
+    """A client of the coordinators at `endpoints`, with this worker's timeouts, token and
+    TLS (pulses and the jobs scheduler's rolls)."""
+    ws, s = worker_settings(), settings()
+    return Client(endpoints, connect_timeout=min(5.0, ws.io_timeout),
+                  rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout,
+                  token=settings_token(s), ssl=settings_client_ssl(s))

@@ -22,10 +22,7 @@ import json
 import time
 from typing import Any
 
-from protocol.credentials import settings_token
 from protocol.logs import bind, get_logger
-from protocol.tls import settings_client_ssl
-from quire.client.client import Client
 from workers import common, watermark
 from workers.app import app
 from workers.jobs_wait import JournalWait, RollRecord, assess
@@ -112,9 +109,7 @@ async def _roll(journal: str, below: int) -> int:
         raise LookupError(f"journal {journal} has no spec")
     if not jt.endpoints:
         raise LookupError(f"journal {journal} has no assigned coordinator")
-    client = Client(list(jt.endpoints), connect_timeout=min(5.0, ws.io_timeout),
-                    rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout,
-                    token=settings_token(s), ssl=settings_client_ssl(s))
+    client = common.coordinator_client(list(jt.endpoints))
     try:
         result = await asyncio.wait_for(
             client.append(journal, b"", suspend="no-resume", roll_below=below),

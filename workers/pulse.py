@@ -24,12 +24,9 @@ import asyncio
 import time
 from typing import Any
 
-from quire.client.client import Client
 from protocol.logs import bind, get_logger
 from protocol import Status, SuspendLevel
-from protocol.credentials import settings_token
 from protocol.errors import StatusError
-from protocol.tls import settings_client_ssl
 from workers import common, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY, JournalUnknown, PulseFailed
@@ -64,17 +61,10 @@ def plan(topo: Topology) -> tuple[dict[str, list[str]], list[str]]:
     return by_member, unassigned
 
 
-def _client(endpoints: list[str]) -> Client:
-    ws, s = common.worker_settings(), common.settings()
-    return Client(endpoints, connect_timeout=min(5.0, ws.io_timeout),
-                  rpc_timeout=ws.io_timeout, retry_timeout=ws.io_timeout,
-                  token=settings_token(s), ssl=settings_client_ssl(s))
-
-
 async def _pulse_many(endpoint: str, journals: list[str]) -> dict[str, Any]:
     """Pulse `journals` over one client to their primary `endpoint`."""
     ws = common.worker_settings()
-    client = _client([endpoint])
+    client = common.coordinator_client([endpoint])
     todo = iter(journals)
     marks: list[tuple[str, float, int]] = []
     failed: list[str] = []
@@ -116,7 +106,7 @@ async def _pulse(journal: str) -> dict[str, Any]:
         raise JournalUnknown(f"journal {journal} has no spec")
     if not jt.endpoints:
         raise PulseFailed(f"journal {journal} has no assigned coordinator yet")
-    client = _client(list(jt.endpoints))
+    client = common.coordinator_client(list(jt.endpoints))
     try:
         sent = time.time()  # the mark's time: every append acknowledged before it is < end
         result = await asyncio.wait_for(
