@@ -78,7 +78,10 @@ def spark():  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     # Spark's Python workers are started by the JVM: make them this interpreter, so they
-    # import the same packages (msgspec, fragment_store, spark) the tests do.
+    # import the same packages (msgspec, fragment_store, spark) the tests do. The JVM
+    # gateway resolves its own address before any conf is read (Utils.localHostName):
+    # SPARK_LOCAL_IP keeps that on loopback too, as every test address must be.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (
         SparkSession.builder.master("local[2]")
         .config("spark.pyspark.python", sys.executable)
