@@ -1,6 +1,7 @@
 """A coordinator's cold read of a fragment rotten in its only store, whose range a peer
 still holds in its spool: the read returns the right bytes from that peer, and the
-rotten object is quarantined and persisted again from the peer's copy.
+rotten object is quarantined and persisted again from the peer's copy (codecs none,
+gzip and zstd: three fragments).
 
 Set-up: two members; `a` is killed (its open spool gone) and rolled forward past
 everything written, so it holds none of it; `b` still holds it all in its spool. A
@@ -23,7 +24,7 @@ from fragment_store.verified import quarantine_key
 from protocol import FragmentSpec, JournalSpec, Status
 from protocol.fragment import Codec, Fragment
 from tests.coordinator.cluster import Cluster, Conn, make_workdir, until, wait_appendable
-from tests.fragment_store.rot import flip_byte
+from tests.fragment_store.rot import ROT_CODECS, flip_byte
 from tools.services import RedisService
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,15 +68,18 @@ async def test_cold_read_of_a_rotten_only_copy_is_served_from_a_peers_spool(
             # Appendable again once `a` is back: the sync rolls it forward past `written`.
             assert (await wait_appendable(b.endpoint, J, timeout=60)).status == Status.OK
 
-            # A prefix of it persisted (only store: `store`) and in the index.
-            end = len(b"".join(lines[:250]))
-            content = written[:end]
-            frag = persist_fragment(store, Fragment(
-                journal=J, begin=0, end=end, codec=Codec.GZIP,
-                sum=hashlib.sha1(content).hexdigest()), content)
-            key = fragment_key(frag)
-            rotten = flip_byte(store, key)
-            r.set("quire:index:" + J, msgspec.json.encode((frag,)))
+            # A prefix of it persisted as three fragments, one per codec (only store:
+            # `store`), in the index; one byte of each stored object flipped.
+            cuts = [0, *(len(b"".join(lines[:k])) for k in (90, 170, 250))]
+            frags, rotten = [], {}
+            for (begin, end), codec in zip(zip(cuts, cuts[1:]), ROT_CODECS):
+                content = written[begin:end]
+                f = persist_fragment(store, Fragment(
+                    journal=J, begin=begin, end=end, codec=Codec(codec),
+                    sum=hashlib.sha1(content).hexdigest()), content)
+                frags.append(f)
+                rotten[fragment_key(f)] = flip_byte(store, fragment_key(f))
+            r.set("quire:index:" + J, msgspec.json.encode(tuple(frags)))
             r.publish("quire:index-updates", J)
 
             async def read_at_a() -> bytes:
@@ -90,18 +94,20 @@ async def test_cold_read_of_a_rotten_only_copy_is_served_from_a_peers_spool(
                 assert data == written
                 return data
 
-            # Once `a` has the index its read of [0, end) is a cold read: the store's
-            # copy fails its proof, b's spool serves, the object is quarantined.
-            await until(lambda: _cold_read_done(read_at_a, store, key), 60,
-                        "a's cold read falling back to b's spool")
-            assert store.read_all(quarantine_key(key)) == rotten
-            assert verify_stored(store, frag) == "", "the rotten object was mended"
+            # Once `a` has the index its read of [0, cuts[-1]) is a cold read: every
+            # store copy fails its proof, b's spool serves, the objects are quarantined.
+            await until(lambda: _cold_read_done(read_at_a, store, list(rotten)), 60,
+                        "a's cold reads falling back to b's spool")
+            for f in frags:
+                key = fragment_key(f)
+                assert store.read_all(quarantine_key(key)) == rotten[key], f.codec
+                assert verify_stored(store, f) == "", f"the rotten {f.codec} object was mended"
             assert await read_at_a() == written  # now from the mended store
             assert "persisted fragment read from a member's spool" in c.tail(a, 400)
         finally:
             c.stop_all()
 
 
-async def _cold_read_done(read_at_a, store: FileStore, key: str) -> bool:  # noqa: ANN001
+async def _cold_read_done(read_at_a, store: FileStore, keys: list[str]) -> bool:  # noqa: ANN001
     await read_at_a()
-    return store.exists(quarantine_key(key))
+    return all(store.exists(quarantine_key(key)) for key in keys)
