@@ -3,6 +3,7 @@ read of the same fragment objects.
 
     python -m bench.batch [--json OUT] [--mib 256] [--journals 4] [--fragment-mib 32]
                           [--codec gzip|zstd|snappy|none|mix] [--master local[2]] [--s3]
+                          [--cuts arbitrary|messages] [--repeat 3] [--skip-spark] [--raw-only]
 
 The baseline fetches every fragment object and decompresses it (fragment_store's
 `read_fragment`, no SHA-1 check), one after another, in this process.
@@ -80,15 +81,22 @@ def populate(store: Any, journals: int, mib: int, fragment_mib: float, codec: st
     return out
 
 
-def raw_read(store: Any, fragments: list[Fragment], verify: bool = False) -> tuple[int, float]:
+def raw_read(store: Any, fragments: list[Fragment], verify: bool = False,
+             cpu: list[float] | None = None) -> tuple[int, float]:
+    """Every fragment fetched and decompressed (`verify`: and proven) in turn; returns
+    (bytes, wall seconds) and appends the process's CPU seconds to `cpu`, if given."""
     from fragment_store import read_fragment
 
+    c = time.process_time()
     t = time.perf_counter()
     total = 0
     for f in fragments:
         for chunk in read_fragment(store, f, verify=verify):
             total += len(chunk)
-    return total, time.perf_counter() - t
+    elapsed = time.perf_counter() - t
+    if cpu is not None:
+        cpu.append(time.process_time() - c)
+    return total, elapsed
 
 
 def serial_read(url: str, options: dict[str, str]) -> tuple[int, float]:
@@ -168,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="rounds (raw, dask, spark each); ratios are the median over rounds")
     p.add_argument("--s3", action="store_true", help="use a moto S3 server instead of a file store")
     p.add_argument("--skip-spark", action="store_true")
+    p.add_argument("--raw-only", action="store_true",
+                   help="only the raw read (verified and not); also reports its CPU per MiB")
     args = p.parse_args(argv)
     # Rounds re-read the same fragments: a proven-content cache would serve verified reads
     # from memory across rounds. Off here (and in Spark's Python workers, which inherit it).
@@ -198,12 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"populated {len(fragments)} fragments in {time.perf_counter() - t:.1f}s",
                   file=sys.stderr)
             raw_bytes = sum(f.content_length for f in fragments)
-            spark = None if args.skip_spark else spark_session(args.master)
+            spark = None if args.skip_spark or args.raw_only else spark_session(args.master)
             rounds = []
             try:
                 if spark is not None:
                     spark_read(spark, url, options)  # warm up the JVM and Python workers
-                dask_read(url, options)
+                if not args.raw_only:
+                    dask_read(url, options)
+                cpu: dict[str, list[float]] = {"raw": [], "raw_verified": []}
                 # Interleave the three reads and compare within a round: on a shared
                 # machine the load moves between rounds more than within one.
                 unverified = {**options, "unverifiedReadsRiskCorruption": "true"}
@@ -213,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                     modes = modes if i % 2 == 0 else modes[::-1]
                     r: dict[str, float] = {}
                     for suffix, verify, opts in modes:
-                        r["raw" + suffix] = raw_read(store, fragments, verify=verify)[1]
+                        r["raw" + suffix] = raw_read(store, fragments, verify=verify,
+                                                     cpu=cpu["raw" + suffix])[1]
+                    if args.raw_only:
+                        rounds.append(r)
+                        continue
                     for suffix, verify, opts in modes:
                         r["serial" + suffix] = serial_read(url, opts)[1]
                     for suffix, verify, opts in modes:
@@ -232,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                            "store": "s3 (moto)" if args.s3 else "file",
                            "cpus": os.cpu_count(), "load": os.getloadavg()[0]},
                 "rounds_mb_s": [{k: raw_bytes / v / 1e6 for k, v in r.items()} for r in rounds],
-                "dask_partitions": dask_parts,
+                "dask_partitions": None if args.raw_only else dask_parts,
+                "raw_cpu_ms_per_mib": statistics.median(cpu["raw"]) / (raw_bytes / 2**20) * 1e3,
+                "raw_verified_cpu_ms_per_mib": statistics.median(cpu["raw_verified"])
+                / (raw_bytes / 2**20) * 1e3,
             }
             for name in ("raw", "serial", "dask", "spark"):
                 if name in rounds[0]:
@@ -250,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             if s3svc is not None:
                 s3svc.__exit__(None, None, None)
 
-    for key in ("raw_mb_s", "raw_verified_mb_s", "verify_ratio_raw", "serial_mb_s",
+    for key in ("raw_mb_s", "raw_verified_mb_s", "verify_ratio_raw", "raw_cpu_ms_per_mib",
+                "raw_verified_cpu_ms_per_mib", "serial_mb_s",
                 "serial_verified_mb_s", "serial_ratio", "verify_ratio_serial", "dask_mb_s",
                 "dask_verified_mb_s", "dask_ratio", "verify_ratio_dask", "spark_mb_s",
                 "spark_verified_mb_s", "spark_ratio", "verify_ratio_spark"):

@@ -37,6 +37,7 @@ from protocol.errors import ProtocolError
 from protocol.stream import FrameStream
 
 from . import metrics
+from .held_copies import held_copies
 from .readback import check_copy, lose_copy
 from .read_relay import (
     METADATA_SENT,
@@ -216,7 +217,7 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                 return True
         if frag.is_persisted and local is None and frag != replica.spool.fragment:
             ok = await _persisted(conn, req, res, replica, frag, offset, first,
-                                  journal_stores(broker, req.journal))
+                                  journal_stores(broker, req.journal), _held(broker, res, frag))
             if not ok:
                 return True
             first = False
@@ -237,10 +238,18 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
             await conn.drain()
 
 
+def _held(broker, res, frag) -> list:  # noqa: ANN001
+    """The route's other members' held copies of `frag` (held_copies.py)."""
+    peer_auth = getattr(broker, "peer_auth", None)
+    return held_copies(frag, [e for _, e in res.route.peers(getattr(broker, "me", None))],
+                       lambda: peer_auth(Capability.READ, frag.journal) if peer_auth else {})
+
+
 async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
-                     first: bool, stores: tuple[str, ...] = ()) -> bool:
+                     first: bool, stores: tuple[str, ...] = (), held: list | None = None) -> bool:
     """A fragment only the store holds: hand out its URL, or stream it ourselves (proven
-    first; `stores`: the journal's, where other copies are)."""
+    first; `stores`: the journal's, where other copies are; `held`: the copies the
+    route's other members still hold, asked only when every store's copy is rotten)."""
     from fragment_store.keys import fragment_key
     from fragment_store.stores import open_store
 
@@ -256,7 +265,7 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
     if req.metadata_only or (req.do_not_proxy and url):
         return False
     try:
-        offset = await stream_stored(conn, frag, offset, req.end_offset, stores)
+        offset = await stream_stored(conn, frag, offset, req.end_offset, stores, held or ())
     except StoredCorrupt as exc:
         await conn.send(exc.response)
         return False

@@ -8,14 +8,16 @@ fragments themselves when the upstream hands out a URL (`stream_stored`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
-from protocol import Hello, HelloAck, ReadContent, ReadRequest, ReadResponse, Status
+from protocol import ReadContent, ReadRequest, ReadResponse, Status
 from protocol.auth import Capability
 from protocol.errors import ProtocolError
 from protocol.logs import get_logger
 from protocol.stream import FrameStream
 
-from .proxy_rules import CONNECT_TIMEOUT
+from .held_copies import Extra, held_copies
+from .peer_connect import connect_member
 
 log = get_logger(__name__)
 
@@ -41,16 +43,18 @@ class StoredCorrupt(Exception):
 
 
 async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int,  # noqa: ANN001
-                        stores: tuple[str, ...] = ()) -> int:
+                        stores: tuple[str, ...] = (), held: Sequence[Extra] = ()) -> int:
     """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
     ReadContent frames, fetched by us through fragment_store's verifying reader: the
     whole object is proven by its SHA-1 before the first frame, a corrupt copy is
-    quarantined and replaced by another of the journal's `stores` (and mended from it).
+    quarantined and replaced by another of the journal's `stores`, else by a copy a
+    member still holds (`held`: held_copies.py), and mended from it.
     Raises StoredCorrupt where no good copy exists; returns the offset reached."""
     from fragment_store.verified import FragmentCorrupt, read_verified
 
     try:
-        chunks = await asyncio.to_thread(read_verified, frag, offset, stores=stores, chunk=READ_CHUNK)
+        chunks = await asyncio.to_thread(read_verified, frag, offset, stores=stores,
+                                         extra=held, chunk=READ_CHUNK)
     except FragmentCorrupt as exc:
         log.error("persisted fragment corrupt in every store", journal=frag.journal,
                   fragment=exc.fragment, stores=list(exc.stores))
@@ -72,38 +76,20 @@ async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int,  
     return offset
 
 
-async def connect_member(endpoints, peer: dict,  # noqa: ANN001
-                         timeout: float = CONNECT_TIMEOUT) -> FrameStream | None:
-    """A handshaken connection to one of `endpoints` (any will do; one that is down, its
-    lease not yet expired, is skipped), presenting our derived token; None if none
-    answers. Each may take `timeout` to connect and as long again to answer Hello: a
-    member whose host is isolated (a silent link) costs that, not the OS's timeout."""
-    for endpoint in [e for e in endpoints if e]:
-        upstream: FrameStream | None = None
-        try:
-            upstream = await FrameStream.connect(endpoint, timeout=timeout, ssl=peer.get("ssl"))
-            await upstream.send(Hello(token=peer.get("token", "")))
-            async with asyncio.timeout(2 * timeout):
-                await upstream.read_message(HelloAck)
-            return upstream
-        except (OSError, ProtocolError, asyncio.TimeoutError):
-            if upstream is not None:
-                upstream.abort()
-    return None
-
-
 async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, header,  # noqa: ANN001
                  offset: int, *, end_offset: int, held_only: bool = False,
                  lineage: tuple[tuple[int, int], ...] = (),
                  relay_refusal: bool = True,
-                 stores: tuple[str, ...] = ()) -> tuple[int, Status | None]:
+                 stores: tuple[str, ...] = (),
+                 copies: Callable[..., Sequence[Extra]] | None = None) -> tuple[int, Status | None]:
     """Read [offset, end_offset) (0: no end) at `upstream` with `do_not_proxy`, relaying
     its frames to `conn`; returns the offset reached and how the upstream's RPC ended.
 
     `do_not_proxy` also tells the upstream the reader fetches persisted fragments itself:
     for such a fragment it answers with the URL and ends its RPC. Our reader did not ask
     for that, so we stream the fragment from the store ourselves and ask again from its
-    end (other copies: `stores`, the journal's). A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
+    end (other copies: `stores`, the journal's; then `copies(fragment)`, members' held
+    copies). A non-OK answer ends the relay (relayed only if `relay_refusal`); a failed
     upstream connection ends it with None."""
     while True:
         await upstream.send(ReadRequest(
@@ -130,7 +116,9 @@ async def relay(conn: FrameStream, upstream: FrameStream, req: ReadRequest, head
                 offset = msg.offset
                 if msg.fragment_url and msg.fragment is not None:
                     try:
-                        offset = await stream_stored(conn, msg.fragment, offset, end_offset, stores)
+                        offset = await stream_stored(
+                            conn, msg.fragment, offset, end_offset, stores,
+                            copies(msg.fragment) if copies is not None else ())
                     except StoredCorrupt as exc:
                         await conn.send(exc.response)
                         return offset, Status.FRAGMENT_CORRUPT
@@ -155,7 +143,8 @@ async def proxy_read(conn: FrameStream, req: ReadRequest, res, peer: dict | None
         return True
     try:
         _, ended = await relay(conn, upstream, req, res.header, req.offset,
-                                end_offset=req.end_offset, stores=stores)
+                                end_offset=req.end_offset, stores=stores,
+                                copies=lambda f: held_copies(f, res.route.endpoints, peer or {}))
         return ended is not None  # a member lost mid-read: our reader retries elsewhere
     finally:
         await upstream.close()
@@ -200,7 +189,9 @@ async def fill_gap(broker, conn: FrameStream, req: ReadRequest, res, offset: int
                                           end_offset=gap_end, held_only=True,
                                           lineage=lineage if former else (),
                                           relay_refusal=False,
-                                          stores=journal_stores(broker, req.journal))
+                                          stores=journal_stores(broker, req.journal),
+                                          copies=lambda f: held_copies(
+                                              f, [e for _, e in res.route.peers(me)], auth))
         except (ConnectionError, OSError):
             return None
         finally:

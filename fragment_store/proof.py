@@ -36,9 +36,9 @@ BATCH_SPILL_BYTES = max(SPILL_BYTES, 64 << 20)
 """The spill bound of batch readers (Spark and Dask tasks): their memory is the engine's
 to size, and spilling a 32 MiB fragment to disk costs more than its SHA-1."""
 HASH_THREAD_BYTES = 1 << 20
-"""Fragments at least this long are hashed on a helper thread while the next chunks are
-fetched and decompressed (hashlib and zlib/zstd release the GIL): on an idle core the
-proof then costs almost no wall time."""
+"""Fragments at least this long are hashed and held (or spilled) on a helper thread while
+the next chunks are fetched and decompressed (hashlib, zlib/zstd and file writes release
+the GIL): on an idle core the proof then costs almost no wall time."""
 CACHE_BYTES = int(os.environ.get("QUIRE_VERIFY_CACHE_BYTES", "") or 64 << 20)
 """Proven in-memory content kept per process for the next read of the same fragment
 (batch readers; QUIRE_VERIFY_CACHE_BYTES, `0` = none)."""
@@ -76,43 +76,41 @@ def quarantine_key(key: str) -> str:
 
 
 class Proven:
-    """A fragment's raw content, held until its proof passed: the chunks as they came
-    (no copy) while they total at most `spill_bytes`, then all of it in an unnamed temp
-    file. `chunks(skip, size)` hands it on; `close()` releases it."""
+    """A fragment's raw content, held until its proof passed: the first `spill_bytes` as
+    the chunks came (no copy), the rest in an unnamed temp file. `chunks(skip, size)`
+    hands it on; `close()` releases it."""
 
     def __init__(self, spill_bytes: int = SPILL_BYTES) -> None:
         self.spill_bytes = spill_bytes
         self.size = 0
         self._mem: list[bytes] = []
+        self._mem_size = 0
         self._file: IO[bytes] | None = None
         self.shared = False
 
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
-        if self._file is None and self.size > self.spill_bytes:
-            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-            for held in self._mem:
-                self._file.write(held)
-            self._mem = []
-        if self._file is not None:
-            self._file.write(chunk)
-        else:
+        if self._file is None and self._mem_size + len(chunk) <= self.spill_bytes:
             self._mem.append(bytes(chunk) if not isinstance(chunk, bytes) else chunk)
+            self._mem_size += len(chunk)
+            return
+        if self._file is None:
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self._file.write(chunk)
 
     def chunks(self, skip: int = 0, size: int = READ_CHUNK) -> Iterator[bytes]:
-        """The content from byte `skip` on (in memory: the chunks as held; spilled: reads
-        of `size`). Several passes may be made."""
-        if self._file is not None:
-            self._file.seek(skip)
-            while data := self._file.read(size):
-                yield data
-            return
+        """The content from byte `skip` on: the chunks held in memory, then (spilled)
+        reads of `size` from the temp file. Several passes may be made."""
         for held in self._mem:
             if skip >= len(held):
                 skip -= len(held)
                 continue
             yield held[skip:] if skip else held
             skip = 0
+        if self._file is not None:
+            self._file.seek(skip)
+            while data := self._file.read(size):
+                yield data
 
     @property
     def in_memory(self) -> bool:
@@ -163,11 +161,15 @@ _CACHE = _Cache(CACHE_BYTES)
 def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: str = "",
           spill_bytes: int = SPILL_BYTES) -> Proven:
     """Raw content chunks in, the fragment's proven content out (`Proven`) — or
-    ChecksumMismatch (length or SHA-1) / CodecError. The caller closes it."""
+    ChecksumMismatch (length or SHA-1) / CodecError. The caller closes it.
+
+    From HASH_THREAD_BYTES on, a helper thread hashes and holds (or spills) each chunk
+    while this one fetches and decompresses the next: the proof's CPU then runs beside
+    the read's instead of after it."""
     key = key or fragment_key(fragment)
     expected = fragment.content_length
     out = Proven(spill_bytes)
-    hasher = _Hasher() if expected >= HASH_THREAD_BYTES else None
+    helper = _Helper(out) if expected >= HASH_THREAD_BYTES else None
     sha, total = hashlib.sha1(), 0
     try:
         for chunk in raw_chunks:
@@ -175,47 +177,66 @@ def prove(fragment: Fragment, raw_chunks: Iterable[bytes], url: str = "", key: s
             if total > expected:
                 raise ChecksumMismatch(f"content is longer than the fragment's {expected} bytes",
                                        url, key)
-            if hasher is not None:
-                hasher.put(chunk)
+            if helper is not None:
+                helper.put(chunk)
             else:
                 sha.update(chunk)
-            out.write(chunk)
+                out.write(chunk)
         if total != expected:
             raise ChecksumMismatch(f"content has {total} bytes, the fragment {expected}", url, key)
-        digest = hasher.digest() if hasher is not None else sha.hexdigest()
-        hasher = None
+        digest = helper.finish() if helper is not None else sha.hexdigest()
+        helper = None
         if digest != fragment.sum:
             raise ChecksumMismatch(f"content SHA-1 {digest} != fragment sum {fragment.sum}",
                                    url, key)
     except BaseException:
+        if helper is not None:
+            helper.abandon()
         out.close()
         raise
-    finally:
-        if hasher is not None:
-            hasher.digest()  # stop the helper thread
     return out
 
 
-class _Hasher:
-    """SHA-1 on a helper thread, fed chunks in order (a bounded queue: a few chunks ahead)."""
+class _Helper:
+    """SHA-1 and `Proven.write` on a helper thread, fed chunks in order through a bounded
+    queue (a few chunks ahead). hashlib releases the GIL over buffers > 2 KiB and file
+    writes release it too, so this runs beside the decompression of the next chunks."""
 
-    def __init__(self) -> None:
+    _STOP = object()
+
+    def __init__(self, out: Proven) -> None:
         self.sha = hashlib.sha1()
-        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self.out = out
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.q: queue.Queue[object] = queue.Queue(maxsize=4)
         self.thread = threading.Thread(target=self._run, name="quire-sha1", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while (chunk := self.q.get()) is not None:
-            self.sha.update(chunk)
+        while (chunk := self.q.get()) is not self._STOP:
+            if self.error is not None or self.abandoned:
+                continue  # drain until the stop
+            try:
+                self.sha.update(chunk)  # type: ignore[arg-type]
+                self.out.write(chunk)  # type: ignore[arg-type]
+            except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
+                self.error = exc
 
     def put(self, chunk: bytes) -> None:
         self.q.put(chunk)
 
-    def digest(self) -> str:
-        self.q.put(None)
+    def finish(self) -> str:
+        self.q.put(self._STOP)
         self.thread.join()
+        if self.error is not None:
+            raise self.error
         return self.sha.hexdigest()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        self.q.put(self._STOP)
+        self.thread.join()
 
 
 def prove_stored(store: FragmentStore, fragment: Fragment,

@@ -168,13 +168,19 @@ def read_verified(fragment: Fragment, offset: int | None = None, *,
                 first_error = exc
     if good is None:
         for label, supply in extra:
+            supplied = None
             try:
-                good = prove(fragment, supply(), label, key, spill_bytes)
+                supplied = supply()
+                good = prove(fragment, supplied, label, key, spill_bytes)
                 break
             except ChecksumMismatch as exc:
                 report_corrupt(label, key, exc.message)
             except Exception as exc:  # noqa: BLE001 - another copy is only a hope
                 log.info("no copy from an extra source", source=label, key=key, error=str(exc))
+            finally:
+                close = getattr(supplied, "close", None)
+                if close is not None:
+                    close()  # a supplier's connection, if it was not read to its end
     for bad in corrupt:
         try:  # moved aside if a good copy replaces it, else kept in place (and copied)
             quarantine(bad, key, keep_original=good is None)

@@ -16,7 +16,9 @@ A target runs by name, so no role imports another (DESIGN §2):
 
 Every target gets the same keyword arguments (the *run context*): `job`, `window_start`,
 `window_end`, `ranges` ({journal: [begin, end)}), `output`, `args`, `rerun`, `attempt`,
-`brokers`, `stores` ({journal: store URL}), `idempotency_key`
+`brokers`, `stores` ({journal: its first store URL}), `fallback_stores` ({journal: [its
+other stores]}: where the verifying reader finds a good copy of a fragment rotten in the
+first, docs/integrity.md), `idempotency_key`
 (`job/<job>/<window start>[/rerun-<n>]`, for the Spark and Dask sinks) and `producer`,
 `generation`, `history` (for identified appends through quire's client): the same for
 every attempt of a run, so a retried attempt's output lands once.
@@ -38,9 +40,22 @@ from workers import common
 from workers.app import app
 from workers.topology import read_topology_sync
 
-__all__ = ["run_context", "run_target", "window_counts"]
+__all__ = ["journal_stores", "run_context", "run_target", "window_counts"]
 
 log = get_logger(__name__)
+
+
+def journal_stores(topo: Any, journals: Any) -> tuple[dict[str, str], dict[str, list[str]]]:  # noqa: ANN401
+    """({journal: first store}, {journal: the other stores}) of `journals` in `topo` (a
+    workers.topology.Topology); journals without stores are left out of both."""
+    stores: dict[str, str] = {}
+    fallbacks: dict[str, list[str]] = {}
+    for j in journals:
+        jt = topo.journals.get(j)
+        if jt is not None and jt.spec.fragment.stores:
+            first, *rest = jt.spec.fragment.stores
+            stores[j], fallbacks[j] = first, list(rest)
+    return stores, fallbacks
 
 
 def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
@@ -49,14 +64,11 @@ def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
     topo = read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout)
     journals = sorted(run.ranges or {})
     brokers: list[str] = []
-    stores: dict[str, str] = {}
     for j in [*journals, spec.output]:
         jt = topo.journals.get(j)
-        if jt is None:
-            continue
-        brokers.extend(ep for ep in jt.endpoints if ep not in brokers)
-        if jt.spec.fragment.stores and j in journals:
-            stores[j] = jt.spec.fragment.stores[0]
+        if jt is not None:
+            brokers.extend(ep for ep in jt.endpoints if ep not in brokers)
+    stores, fallback_stores = journal_stores(topo, journals)
     if not brokers:  # the journals' members are gone: any member will route us
         brokers = sorted({ep for jt in topo.journals.values() for ep in jt.endpoints})
     producer, generation, history = run.identity()
@@ -65,6 +77,7 @@ def run_context(spec: JobSpec, run: JobRun) -> dict[str, Any]:
         "ranges": {j: list(r) for j, r in sorted((run.ranges or {}).items())},
         "output": spec.output, "args": dict(spec.args), "rerun": run.rerun,
         "attempt": run.attempt, "brokers": brokers, "stores": stores,
+        "fallback_stores": fallback_stores,
         "idempotency_key": run.idempotency_key,
         "producer": producer, "generation": generation, "history": history,
     }

@@ -4,12 +4,14 @@
 
 The workers run a Dask target as `python -m spark.jobs.dask_run --target NAME --run JSON`;
 the runner calls the function with the run context as keyword arguments (`job`,
-`window_start`, `window_end`, `ranges`, `stores`, `brokers`, `output`, `args`, `rerun`,
+`window_start`, `window_end`, `ranges`, `stores`, `fallback_stores`, `brokers`, `output`,
+`args`, `rerun`,
 `attempt`, `idempotency_key`, ...) and records what it returns as the run's result.
 
 `window_counts` is the counterpart of the Celery target `workers.jobs_targets.window_counts`
 and the Spark target `spark.jobs.window_counts`: the Dask reader reads each journal's
-offset range of the window straight from the store, the counts per journal (and per
+offset range of the window straight from the store (proving every fragment; a copy rotten
+in the first store is read from the journal's other stores, `fallback_stores`), the counts per journal (and per
 `args.field` of JSON messages) are computed by Dask, and the Dask writer appends them to
 the output journal in one partition under the run's `idempotency_key`. Every attempt of a
 run has the same key and computes the same rows in the same partition, so a retried
@@ -51,6 +53,7 @@ def counts(ctx: dict[str, Any]) -> Any:
     field = str((ctx.get("args") or {}).get("field", ""))
     keys = ["journal", *([field] if field else [])]
     stores = ctx.get("stores") or {}
+    fallbacks = ctx.get("fallback_stores") or {}
     frames = []
     for journal, (begin, end) in sorted(ctx["ranges"].items()):
         if int(end) <= int(begin):
@@ -60,7 +63,8 @@ def counts(ctx: dict[str, Any]) -> Any:
                              "the window from the store")
         schema = {"journal": "", "offset": "", **({field: "string"} if field else {})}
         frames.append(read_journals(stores[journal], journal=journal, begin=int(begin),
-                                    end=int(end), framing="jsonl", schema=schema))
+                                    end=int(end), framing="jsonl", schema=schema,
+                                    fallbackStores=",".join(fallbacks.get(journal) or ())))
     if frames:
         ddf = dd.concat(frames) if len(frames) > 1 else frames[0]
         if field:

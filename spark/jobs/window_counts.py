@@ -38,7 +38,10 @@ def counts(spark: Any, ctx: dict[str, Any]) -> Any:
         schema = "journal string, offset bigint" + (f", `{field}` string" if field else "")
         frames.append(spark.read.format("quire").schema(schema)
                       .options(store=ctx["stores"][journal], journal=journal, begin=str(begin),
-                               end=str(end), framing="jsonl").load())
+                               end=str(end), framing="jsonl",
+                               fallbackStores=",".join(
+                                   (ctx.get("fallback_stores") or {}).get(journal) or ()))
+                      .load())
     if not frames:
         return None
     df = frames[0]

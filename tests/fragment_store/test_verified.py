@@ -92,6 +92,31 @@ def test_large_fragment_spills_to_disk_and_still_proves(tmp_path: Path) -> None:
         read_verified(f, store=store, spill_bytes=4096)
 
 
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_helper_thread_proof_holds_the_bound_and_spills_the_rest(tmp_path: Path, codec: str) -> None:
+    """Past HASH_THREAD_BYTES a helper thread hashes and holds: the first spill_bytes stay
+    in memory, the rest goes to the temp file; every offset reads back exactly."""
+    from fragment_store.proof import HASH_THREAD_BYTES, prove_stored
+
+    store = FileStore((tmp_path / "s").as_uri() + "/")
+    content = data(90000)
+    assert len(content) > 2 * HASH_THREAD_BYTES
+    f = persist_fragment(store, frag(content, codec), content)
+    held = prove_stored(store, f, spill_bytes=1 << 20)
+    try:
+        assert not held.in_memory and held.size == len(content)
+        assert sum(len(c) for c in held._mem) <= 1 << 20  # noqa: SLF001
+        for skip in (0, 5, (1 << 20) - 3, 1 << 20, (1 << 20) + 7, len(content) - 1, len(content)):
+            assert b"".join(held.chunks(skip, 65536)) == content[skip:]
+    finally:
+        held.close()
+    mid = f.begin + len(content) // 2
+    assert b"".join(read_verified(f, mid, store=store, spill_bytes=1 << 20)) == content[mid - f.begin:]
+    flip_byte(store, fragment_key(f), at=len(content) // 3)
+    with pytest.raises(FragmentCorrupt):
+        read_verified(f, store=store, spill_bytes=1 << 20)
+
+
 def test_unverified_reads_risk_corruption(tmp_path: Path) -> None:
     store = FileStore((tmp_path / "s").as_uri() + "/")
     content = data()
