@@ -36,8 +36,9 @@ from protocol import (
     Status,
 )
 from protocol.errors import ProtocolError, QuireError
+from protocol.mux import Channel, MuxPool
 from protocol.stream import FrameStream
-from protocol.wire import FrameTemplate, encode_frame
+from protocol.wire import Frame, FrameTemplate, encode_frame
 
 from . import metrics
 from .replica import Replica
@@ -50,6 +51,8 @@ ACK_TIMEOUT = 30.0
 
 ACK_OK_FRAME = b"".join(encode_frame(ACK_OK))
 """A replica's plain acknowledgement, encoded: always these bytes (replicate_api.py)."""
+REPLICATE_ACK = (ACK_OK_FRAME, Frame(ACK_OK))
+"""The constant a multiplexed connection counts instead of decoding (protocol/mux.py)."""
 _CONTENT_AT_0 = FrameTemplate(ReplicateContent(content_delta=0))
 """An append's first (usually only) chunk."""
 
@@ -71,7 +74,7 @@ class SpoolWriteFailed(PipelineBroken):
 
 class Pipeline:
     def __init__(self, replica: Replica, header: Header, me: ProcessId,
-                 peers: Sequence[tuple[ProcessId, FrameStream]]) -> None:
+                 peers: Sequence[tuple[ProcessId, FrameStream | Channel]]) -> None:
         self.replica = replica
         self.spool = replica.spool
         self.header = header
@@ -91,18 +94,24 @@ class Pipeline:
 
     @classmethod
     async def open(cls, replica: Replica, header: Header, me: ProcessId, *, token: str = "",
-                   ssl: SSLContext | None = None) -> Pipeline:
+                   ssl: SSLContext | None = None, mux: MuxPool | None = None) -> Pipeline:
         """Connect to every peer; the caller already holds replica.spool_lock. `token`:
         this coordinator's derived REPLICATE token for the journal (auth_gate.py); a
-        peer that refuses it fails the pipeline (closed, never open without auth)."""
+        peer that refuses it fails the pipeline (closed, never open without auth).
+        `mux`: each peer stream is a channel of our one connection to that peer
+        (protocol/mux.py); without it, a connection of its own."""
         route = header.route
-        streams: list[tuple[ProcessId, FrameStream]] = []
+        streams: list[tuple[ProcessId, FrameStream | Channel]] = []
         try:
             for pid, endpoint in route.peers(me):
                 if not endpoint:
                     # A member whose key is gone while its assignment lives on (its key
                     # deleted by hand, leases expiring as etcd wakes): not reachable yet.
                     raise ConnectionError(f"no endpoint for {pid} (its member key is gone)")
+                if mux is not None:
+                    streams.append((pid, await mux.open(endpoint, token=token, ssl=ssl,
+                                                        timeout=CONNECT_TIMEOUT)))
+                    continue
                 stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT, ssl=ssl)
                 streams.append((pid, stream))
                 await stream.send(Hello(token=token))
