@@ -1,7 +1,9 @@
 """The replication pipeline: the primary's long-lived replicate streams to its peers.
 
 A Pipeline owns the primary's Spool (it holds `replica.spool_lock` for its lifetime)
-and one FrameStream per peer. It is full duplex (protocol pipelining):
+and one stream per peer: a channel of this coordinator's one multiplexed connection to
+that peer (protocol/mux.py: every journal's stream to a peer shares it), or a
+FrameStream of its own. It is full duplex (protocol pipelining):
 
 * the *send side* is owned by whichever append holds `replica.pipeline_lock`; it
   applies each message to the local spool and writes it to every peer, in order;
