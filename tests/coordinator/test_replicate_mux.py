@@ -249,3 +249,41 @@ async def test_a_channel_is_cut_when_its_token_expires(tmp_path) -> None:  # noq
         await _released(peer, ["mux/short"])
         await _append(kept, b"on time")  # the connection and its other channel go on
         assert peer.accepted == 1
+
+
+async def test_a_coordinator_survives_a_malformed_replicate_connection(etcd, etcd_root) -> None:  # noqa: ANN001
+    """A real coordinator: garbage on a multiplexed connection gets a typed error on
+    channel 0 and that connection closed; the process serves on, replication too."""
+    from protocol import ErrorFrame
+    from protocol.wire import decode_header
+
+    from .cluster import Conn, running, spec, wait_appendable
+
+    with running(etcd.url, etcd_root) as cluster:
+        for n in cluster.nodes:
+            await cluster.wait_listening(n)
+        endpoint = cluster.nodes[1].endpoint
+        s = await FrameStream.connect(endpoint, timeout=5.0)
+        await s.send(Hello(mux=True))
+        ack, _ = await asyncio.wait_for(s.read_message(HelloAck), 10)
+        assert ack.mux
+        s.transport.write(CHANNEL.pack(7) + struct.pack("!IBI", 1 << 30, ReplicateProposal.KIND, 0))
+        got = b""
+        async with asyncio.timeout(10):
+            while True:
+                await s.protocol.wait_for_data()
+                got = s.protocol.unconsumed()
+                if s.protocol.eof or s.protocol.lost:
+                    break
+        number, length, kind, hlen = struct.unpack_from("!IIBI", got)
+        error = decode_header(kind, got[13:13 + hlen])
+        assert number == 0 and isinstance(error, ErrorFrame), error
+        assert error.status == Status.BAD_REQUEST and "exceeds the limit" in error.message
+        s.abort()
+        conn = await Conn.open(cluster.nodes[0].endpoint)
+        assert (await conn.apply(spec("mux/survivor"))).status == Status.OK
+        assert (await wait_appendable(cluster.nodes[0].endpoint, "mux/survivor")).status == Status.OK
+        assert (await conn.append("mux/survivor", [b"still replicating"])).status == Status.OK
+        await conn.close()
+        for n in cluster.nodes:
+            assert n.proc is not None and n.proc.poll() is None, cluster.tail(n)
