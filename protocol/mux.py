@@ -328,7 +328,10 @@ class MuxPool:
             except BaseException as exc:
                 if self._conns.get(key) is fut:
                     del self._conns[key]
-                fut.set_exception(exc)
+                # Others waiting on this connection fail as a connection does (never
+                # with our cancellation, which is not theirs).
+                fut.set_exception(exc if isinstance(exc, Exception) else
+                                  ConnectionClosed(f"connecting to {endpoint} was cancelled"))
                 fut.exception()  # (retrieved: the waiters have their own)
                 raise
             fut.set_result(conn)

@@ -129,7 +129,9 @@ async def _serving(tmp_path, keyring: Keyring | None = None):  # noqa: ANN001, A
 
 async def test_every_journal_rides_one_connection(tmp_path) -> None:  # noqa: ANN001
     async with _serving(tmp_path) as (peer, pool):
-        plns = [await _pipeline(peer, pool, f"mux/j{i}", tmp_path) for i in range(5)]
+        # Opened at once: they wait for the one connection the first of them makes.
+        plns = await asyncio.gather(*(_pipeline(peer, pool, f"mux/j{i}", tmp_path)
+                                      for i in range(5)))
         for round_ in range(3):
             for i, pln in enumerate(plns):
                 await _append(pln, b"j%d r%d;" % (i, round_))
