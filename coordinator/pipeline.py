@@ -38,7 +38,7 @@ from protocol import (
     Status,
 )
 from protocol.errors import ProtocolError, QuireError
-from protocol.mux import Channel, MuxPool
+from protocol.mux import Channel, MuxPool, NotMultiplexed
 from protocol.stream import FrameStream
 from protocol.wire import Frame, FrameTemplate, encode_frame
 
@@ -111,9 +111,12 @@ class Pipeline:
                     # deleted by hand, leases expiring as etcd wakes): not reachable yet.
                     raise ConnectionError(f"no endpoint for {pid} (its member key is gone)")
                 if mux is not None:
-                    streams.append((pid, await mux.open(endpoint, token=token, ssl=ssl,
-                                                        timeout=CONNECT_TIMEOUT)))
-                    continue
+                    try:
+                        streams.append((pid, await mux.open(endpoint, token=token, ssl=ssl,
+                                                            timeout=CONNECT_TIMEOUT)))
+                        continue
+                    except NotMultiplexed:
+                        pass  # an older peer: a connection of this stream's own
                 stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT, ssl=ssl)
                 streams.append((pid, stream))
                 await stream.send(Hello(token=token))

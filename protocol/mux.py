@@ -20,6 +20,10 @@ wake-up of the connection costs no task switch per channel or per frame. A frame
 checked as wire.py checks it (`check_fields`) before its body is awaited; a malformed
 one raises ProtocolError from `parse_envelopes` and nothing else.
 
+A peer that answers the Hello without `mux` (an older coordinator, during a rolling
+upgrade) gets NotMultiplexed: the pipeline connects to it per stream, as before, and
+the pool does not ask it again for PLAIN_FOR seconds.
+
 This module is the primary's side (`MuxPool`, `MuxConnection`, `Channel`, which offers
 the FrameStream methods a pipeline uses); the replica's side is
 coordinator/replicate_mux.py.
@@ -47,6 +51,14 @@ CONNECTION = 0
 """The channel number of the connection itself."""
 LINGER = 10.0
 """Seconds an idle pooled connection (no channel left) stays open for the next one."""
+PLAIN_FOR = 60.0
+"""Seconds a peer that answered without multiplexing (an older coordinator, during a
+rolling upgrade) is not asked again: its streams take a connection each meanwhile."""
+
+
+class NotMultiplexed(ProtocolError):
+    """The peer answered Hello(mux=True) without mux: it serves one stream per
+    connection (the caller connects as before)."""
 
 Sink = Callable[[int, int, memoryview, int, int, int], None]
 """sink(channel, kind, view, head, hlen, stop): one complete frame, its header at
@@ -306,6 +318,8 @@ class MuxPool:
         self.linger = linger
         self._conns: dict[tuple[str, int], asyncio.Future[MuxConnection]] = {}
         self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        self._plain: dict[tuple[str, int], float] = {}
+        """Peers that do not multiplex, until when we believe it."""
 
     def connections(self) -> list[MuxConnection]:
         return [f.result() for f in self._conns.values()
@@ -316,6 +330,9 @@ class MuxPool:
         """A new channel to `endpoint`, its Hello answered (a refused token raises
         ProtocolError, the connection unharmed); connects first if need be."""
         key = (endpoint, id(ssl))
+        loop = asyncio.get_running_loop()
+        if self._plain.get(key, 0.0) > loop.time():
+            raise NotMultiplexed(f"{endpoint} does not multiplex replicate streams")
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
@@ -354,7 +371,8 @@ class MuxPool:
                 await stream.send(Hello(token=token, mux=True))
                 ack, _ = await stream.read_message(HelloAck)
             if not ack.mux:
-                raise ProtocolError(f"{endpoint} does not multiplex replicate streams")
+                self._plain[key] = asyncio.get_running_loop().time() + PLAIN_FOR
+                raise NotMultiplexed(f"{endpoint} does not multiplex replicate streams")
         except BaseException:
             stream.abort()
             raise

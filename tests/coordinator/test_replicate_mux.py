@@ -22,6 +22,7 @@ from coordinator.replicate_mux import ReplicaMux
 from coordinator.spool import DiskFiles
 from protocol import Etcd, Header, Hello, HelloAck, ProcessId, ReplicateProposal, Route, Status
 from protocol.auth import Capability, Keyring, Scope
+from protocol.errors import ProtocolError
 from protocol.mux import CHANNEL, MuxPool
 from protocol.stream import FrameStream, serve_frames
 
@@ -289,3 +290,46 @@ async def test_a_coordinator_survives_a_malformed_replicate_connection(etcd, etc
         await conn.close()
         for n in cluster.nodes:
             assert n.proc is not None and n.proc.poll() is None, cluster.tail(n)
+
+
+async def test_a_peer_that_does_not_multiplex_gets_a_connection_per_stream(tmp_path) -> None:  # noqa: ANN001
+    """An older coordinator (a rolling upgrade) ignores Hello.mux and serves one stream
+    per connection: the primary falls back to that, and does not ask again for a while."""
+    from coordinator.replicate_api import serve_replicate
+
+    peer = _Peer(tmp_path / "peer")
+    hellos: list[bool] = []
+
+    async def accept(conn: FrameStream) -> None:  # what server.py did before the mux
+        try:
+            hello = (await conn.read()).message
+            hellos.append(hello.mux)
+            await conn.send(HelloAck(process_id=PEER))
+            first = (await conn.read()).message
+            assert isinstance(first, ReplicateProposal)
+            await serve_replicate(peer, conn, first)
+        except ConnectionError:
+            pass
+        except ProtocolError:
+            pass  # (the primary hung up on the mux attempt)
+        finally:
+            conn.abort()
+
+    server = await serve_frames(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    peer.route = Route(members=(ME, PEER), primary=0, endpoints=("127.0.0.1:1", f"127.0.0.1:{port}"))
+    peer.header = Header(route=peer.route, etcd=Etcd(revision=1))
+    pool = MuxPool(REPLICATE_ACK)
+    try:
+        plns = [await _pipeline(peer, pool, f"mux/old{i}", tmp_path) for i in range(3)]
+        for pln in plns:
+            await _append(pln, b"over its own connection")
+            assert isinstance(pln._streams[0], FrameStream)
+        assert hellos == [True, False, False, False], hellos  # asked once, then plain
+        assert not pool.connections()
+        for pln in plns:
+            await pln.close()
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
