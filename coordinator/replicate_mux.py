@@ -150,7 +150,7 @@ class ReplicaMux:
     def _sink(self, number: int, kind: int, view: memoryview, head: int, hlen: int, stop: int) -> None:
         ch = self.channels.get(number)
         session = ch.session if ch is not None else None
-        if session is not None and ch.pending is None:  # the steady state
+        if ch is not None and session is not None and ch.pending is None:  # the steady state
             if kind == _CONTENT_KIND and view[head:head + hlen] == _CONTENT_AT_0.header:
                 msg: Any = _CONTENT_0
                 payload: bytes | memoryview = bytes(view[head + hlen:stop])
@@ -236,6 +236,7 @@ class ReplicaMux:
 
     async def _setup(self, ch: ReplicaChannel, first: Frame) -> None:
         try:
+            assert isinstance(first.message, ReplicateProposal)  # (_first checked it)
             session = await open_session(self.server, ch, first.message, ch.unhook)
         except asyncio.CancelledError:
             raise
