@@ -2,7 +2,8 @@
 
 - `server`, `host`, `hosting`, `drain`   connections; what is hosted; the etcd side; exit
 - `append_fsm`, `append_rules`, `append_sync`, `append_api`   the seed's append machine
-- `pipeline`, `replicate_api`, `replica`, `spool`, `spool_files`   replication and spools
+- `pipeline`, `replicate_api`, `replicate_mux`, `replica`, `spool`, `spool_files`
+  replication (one multiplexed connection per peer) and spools
 - `read_api`, `read_relay`, `held_copies`, `persister`, `index_watch`, `recovery`, `fence`,
   `suspend`, `flow_control`
 - `specs`          Apply / List of journal specs

@@ -90,6 +90,7 @@ class PipelineSyncStates:
             peer_auth = getattr(self.broker, "peer_auth", None)
             self.pipeline = await Pipeline.open(
                 replica, self.res.header, self.broker.me,
+                mux=getattr(self.broker, "replicate_mux", None),
                 **(peer_auth(Capability.REPLICATE, replica.journal) if peer_auth else {}))
         except PipelineBroken as exc:
             replica.spool_lock.release()

@@ -17,9 +17,11 @@ from protocol.auth import Capability, Keyring
 
 from protocol import Fragment, ProcessId, Route, Suspend
 from protocol.logs import get_logger
+from protocol.mux import MuxPool
 
 from . import metrics
 from .auth_gate import PeerTokens
+from .pipeline import REPLICATE_ACK
 from .producer_log import LOG_FILE, LoggedProducerTable
 from .recovery import Head, RecoveredFragments, journals_with_marks, read_heads, scan_spool_dir
 from .replica import LocalPersister, Persister, Replica
@@ -101,6 +103,9 @@ class Host:
         """The etcd side (hosting.Hosting), attached by the server."""
         self.keyspace = None  # set once connected
         self.peer_tokens = PeerTokens(cfg.keyring, f"peer:{self.me}", cfg.peer_ssl)
+        self.replicate_mux = MuxPool(REPLICATE_ACK)
+        """Our replicate connections, one per peer, every pipeline's stream to that
+        peer a channel of it (protocol/mux.py, replicate_mux.py)."""
         self._appends = 0
         self._appends_idle = asyncio.Event()
         self._appends_idle.set()

@@ -1,7 +1,9 @@
 """The replication pipeline: the primary's long-lived replicate streams to its peers.
 
 A Pipeline owns the primary's Spool (it holds `replica.spool_lock` for its lifetime)
-and one FrameStream per peer. It is full duplex (protocol pipelining):
+and one stream per peer: a channel of this coordinator's one multiplexed connection to
+that peer (protocol/mux.py: every journal's stream to a peer shares it), or a
+FrameStream of its own. It is full duplex (protocol pipelining):
 
 * the *send side* is owned by whichever append holds `replica.pipeline_lock`; it
   applies each message to the local spool and writes it to every peer, in order;
@@ -36,8 +38,9 @@ from protocol import (
     Status,
 )
 from protocol.errors import ProtocolError, QuireError
+from protocol.mux import Channel, MuxPool, NotMultiplexed
 from protocol.stream import FrameStream
-from protocol.wire import FrameTemplate, encode_frame
+from protocol.wire import Frame, FrameTemplate, encode_frame
 
 from . import metrics
 from .replica import Replica
@@ -50,6 +53,8 @@ ACK_TIMEOUT = 30.0
 
 ACK_OK_FRAME = b"".join(encode_frame(ACK_OK))
 """A replica's plain acknowledgement, encoded: always these bytes (replicate_api.py)."""
+REPLICATE_ACK = (ACK_OK_FRAME, Frame(ACK_OK))
+"""The constant a multiplexed connection counts instead of decoding (protocol/mux.py)."""
 _CONTENT_AT_0 = FrameTemplate(ReplicateContent(content_delta=0))
 """An append's first (usually only) chunk."""
 
@@ -71,7 +76,7 @@ class SpoolWriteFailed(PipelineBroken):
 
 class Pipeline:
     def __init__(self, replica: Replica, header: Header, me: ProcessId,
-                 peers: Sequence[tuple[ProcessId, FrameStream]]) -> None:
+                 peers: Sequence[tuple[ProcessId, FrameStream | Channel]]) -> None:
         self.replica = replica
         self.spool = replica.spool
         self.header = header
@@ -91,18 +96,27 @@ class Pipeline:
 
     @classmethod
     async def open(cls, replica: Replica, header: Header, me: ProcessId, *, token: str = "",
-                   ssl: SSLContext | None = None) -> Pipeline:
+                   ssl: SSLContext | None = None, mux: MuxPool | None = None) -> Pipeline:
         """Connect to every peer; the caller already holds replica.spool_lock. `token`:
         this coordinator's derived REPLICATE token for the journal (auth_gate.py); a
-        peer that refuses it fails the pipeline (closed, never open without auth)."""
+        peer that refuses it fails the pipeline (closed, never open without auth).
+        `mux`: each peer stream is a channel of our one connection to that peer
+        (protocol/mux.py); without it, a connection of its own."""
         route = header.route
-        streams: list[tuple[ProcessId, FrameStream]] = []
+        streams: list[tuple[ProcessId, FrameStream | Channel]] = []
         try:
             for pid, endpoint in route.peers(me):
                 if not endpoint:
                     # A member whose key is gone while its assignment lives on (its key
                     # deleted by hand, leases expiring as etcd wakes): not reachable yet.
                     raise ConnectionError(f"no endpoint for {pid} (its member key is gone)")
+                if mux is not None:
+                    try:
+                        streams.append((pid, await mux.open(endpoint, token=token, ssl=ssl,
+                                                            timeout=CONNECT_TIMEOUT)))
+                        continue
+                    except NotMultiplexed:
+                        pass  # an older peer: a connection of this stream's own
                 stream = await FrameStream.connect(endpoint, timeout=CONNECT_TIMEOUT, ssl=ssl)
                 streams.append((pid, stream))
                 await stream.send(Hello(token=token))

@@ -41,7 +41,7 @@ from protocol import (
     Status,
     Suspend,
 )
-from protocol.auth import TokenError, authorize_apply
+from protocol.auth import Capability, TokenError, authorize_apply
 from protocol.errors import Forbidden, ProtocolError, QuireError, ValidationError
 from protocol.stream import FrameStream, serve_frames
 
@@ -54,6 +54,7 @@ from .hosting import Hosting
 from .read_api import serve_fetch, serve_list_fragments, serve_read
 from .replica import Persister
 from .replicate_api import serve_replicate
+from .replicate_mux import serve_mux
 
 __all__ = ["Server", "ServerConfig"]
 
@@ -136,6 +137,7 @@ class Server(Host):
                 for r in list(self.replicas.values()):
                     if r.pipeline is not None:
                         await self.teardown_pipeline(r)
+                self.replicate_mux.close()
                 if self._withdrawn:
                     record_heads(self)  # a graceful exit only (drain.py)
         self.files.close()
@@ -174,6 +176,16 @@ class Server(Host):
         except TokenError as exc:
             # Before any request is read: a bad token costs one verify and one frame.
             await conn.send_error(f"token refused: {exc}", Status.UNAUTHORIZED)
+            return
+        if frame.message.mux:
+            # A primary's multiplexed replicate connection (replicate_mux.py): each of
+            # its channels presents its own journal's token; this one must replicate.
+            if auth.on and not auth.claims.caps & Capability.REPLICATE:  # type: ignore[union-attr]
+                await conn.send_error("a multiplexed connection needs the REPLICATE "
+                                      "capability", Status.FORBIDDEN)
+                return
+            await conn.send(HelloAck(process_id=self.me, mux=True))
+            await serve_mux(self, conn)
             return
         await conn.send(HelloAck(process_id=self.me))
         while not self._withdrawn:

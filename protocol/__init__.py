@@ -1,6 +1,7 @@
 """quire's ground floor (layer 1): the wire protocol and the types every process shares.
 
     messages, wire, stream  request/response catalogue, frame codec, framed asyncio streams
+    mux                     channels of one replicate connection per (primary, peer)
     spec, fragment, route   JournalSpec, Fragment, Route/Header and their validation
     labels, names, status   label sets and selectors, name rules, the Status enum
     errors                  the typed error tree (one StatusError per status)

@@ -65,6 +65,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._closed: asyncio.Future[None] | None = None
         self.task: Any = None
         """What `on_connected` returned (a server's handler task), kept alive here."""
+        self.on_data: Callable[[], None] | None = None
+        """Called, when set, as bytes, EOF or the loss of the connection arrive (before
+        any waiting reader wakes): a multiplexed connection (protocol/mux.py) dispatches
+        the frames it completes right there, with no task switch per frame."""
 
     # -- the transport's calls --------------------------------------------------------
 
@@ -100,12 +104,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.end += nbytes
         if self.end > SHRINK_ABOVE:
             self._keep_big = KEEP_BIG
+        if self.on_data is not None:
+            self.on_data()
         self._wake()
         if not self._reading_paused and self.end - self.start > 2 * self.limit:
             self._pause_reading()
 
     def eof_received(self) -> bool:
         self.eof = True
+        if self.on_data is not None:
+            self.on_data()
         self._wake()
         return not self._over_ssl  # (plain TCP: we may still write; TLS closes anyway)
 
@@ -115,6 +123,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.eof = True
         elif self.exc is None:
             self.exc = exc
+        if self.on_data is not None:
+            self.on_data()
         self._wake()
         for waiter in self._drain_waiters:
             if not waiter.done():

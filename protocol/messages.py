@@ -44,12 +44,18 @@ class Hello(Message, frozen=True):
     token: str = ""
     """The capability token (protocol/auth.py). Coordinators with keys verify it before
     reading anything else (UNAUTHORIZED + close if bad); without keys it is ignored."""
+    mux: bool = False
+    """Open a multiplexed replicate connection (protocol/mux.py): after the HelloAck
+    every frame travels in a channel's envelope, and each channel opens with its own
+    Hello. The token must then carry the REPLICATE capability."""
 
 
 class HelloAck(Message, frozen=True):
     KIND = 2
     version: int = PROTOCOL_VERSION
     process_id: ProcessId | None = None
+    mux: bool = False
+    """The answer to a Hello(mux=True): the connection is multiplexed from now on."""
 
 
 class ErrorFrame(Message, frozen=True):
@@ -224,6 +230,14 @@ class ReplicateResponse(Message, frozen=True):
     """On PROPOSAL_MISMATCH: the offset at which the replica's content of `epoch` begins."""
     epochs: tuple[tuple[int, int], ...] = ()
     """On PROPOSAL_MISMATCH: the replica's epoch history (ReplicateProposal.epochs)."""
+
+
+class ChannelClose(Message, frozen=True):
+    """Ends one channel of a multiplexed replicate connection (protocol/mux.py), either
+    way: the primary closing its stream, or the replica ending it (after its answer)."""
+
+    KIND = 33
+    reason: str = ""
 
 
 # -- topology & metadata ----------------------------------------------------------------

@@ -153,3 +153,29 @@ async def test_refusals_are_counted(authed: Cluster) -> None:
             counts[labels] = float(value)
     assert counts.get('quire_auth_refusals_total{capability="APPEND",reason="forbidden"}', 0) > 0
     assert counts.get('quire_auth_refusals_total{capability="",reason="unauthorized"}', 0) > 0
+
+
+async def test_a_multiplexed_replicate_connection_needs_a_replicate_token(authed: Cluster) -> None:
+    """The connection-level Hello of a primary's multiplexed replicate connection
+    (protocol/mux.py) is checked like any Hello, and must carry REPLICATE; each of its
+    channels then presents its own journal's token (test_replicate_mux.py)."""
+    from protocol.messages import ErrorFrame, Hello, HelloAck
+    from protocol.stream import FrameStream
+
+    async def hello(token: str):  # noqa: ANN202
+        s = await FrameStream.connect(authed.nodes[0].endpoint, timeout=5.0)
+        try:
+            await s.send(Hello(token=token, mux=True))
+            async with asyncio.timeout(10):
+                return (await s.read()).message
+        finally:
+            await s.close()
+
+    read_only = RING.mint(Capability.READ, Scope.of(["*"]), 600, "mux-reader")
+    replicate = RING.mint(Capability.REPLICATE, Scope.of([IN]), 600, "mux-peer")
+    refused = await hello(read_only)
+    assert isinstance(refused, ErrorFrame) and refused.status == Status.FORBIDDEN, refused
+    unauthorized = await hello("not a token")
+    assert isinstance(unauthorized, ErrorFrame) and unauthorized.status == Status.UNAUTHORIZED
+    admitted = await hello(replicate)
+    assert isinstance(admitted, HelloAck) and admitted.mux, admitted

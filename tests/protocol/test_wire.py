@@ -50,6 +50,8 @@ SPEC = JournalSpec(name="a/journal", labels=LabelSet.of({"topic": "x"}),
 SAMPLES: list[tuple[m.Message, bytes]] = [
     (m.Hello(token="t"), b""),
     (m.HelloAck(process_id=ProcessId("z", "suffix")), b""),
+    (m.Hello(token="t", mux=True), b""),
+    (m.ChannelClose(reason="done"), b""),
     (m.ErrorFrame(status=Status.WRONG_ROUTE, message="nope"), b""),
     (m.AppendRequest(journal="a/journal", header=HEADER, do_not_proxy=True, offset=7,
                      check_registers=parse_selector("owner=me, !lock"), union_registers=REGS,
