@@ -58,11 +58,12 @@ ROOT = Path(__file__).resolve().parents[1]
 class HotPath(NamedTuple):
     compiled: bool
     reason: str
+    """Why the pure modules run; the compiler when compiled."""
     directory: Path | None
 
     def describe(self) -> str:
         if self.compiled:
-            return f"compiled (mypyc, {len(MODULES)} modules from {self.directory})"
+            return f"compiled ({self.reason}, {len(MODULES)} modules from {self.directory})"
         return f"pure Python ({self.reason})"
 
 
@@ -72,8 +73,13 @@ def ext_tag() -> str:
     return suffix.removesuffix(".so").strip(".") or sys.implementation.cache_tag
 
 
+ENV_DIR = "QUIRE_NATIVE_DIR"
+"""Another build directory (the A/B of docs/compiled.md loads a Cython build from one)."""
+
+
 def build_dir(root: Path = ROOT) -> Path:
-    return root / "build" / "native" / ext_tag()
+    override = os.environ.get(ENV_DIR)
+    return Path(override) if override else root / "build" / "native" / ext_tag()
 
 
 MANIFEST = "manifest.json"
@@ -92,8 +98,8 @@ def pure_requested(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def check_build(directory: Path, root: Path = ROOT) -> tuple[dict[str, Path], str]:
-    """({module: .so} to load, "") when the build in `directory` is complete and current;
-    ({}, why not) otherwise."""
+    """({module: .so} to load, its compiler) when the build in `directory` is complete and
+    current; ({}, why not) otherwise."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
     except FileNotFoundError:
@@ -116,11 +122,12 @@ def check_build(directory: Path, root: Path = ROOT) -> tuple[dict[str, Path], st
         if not so.is_file():
             return {}, f"incomplete build: {so} is missing (make compiled)"
         paths[module] = so
-    group = directory / manifest.get("group_lib", "")
-    if not group.is_file():
-        return {}, f"incomplete build: the group library {group} is missing (make compiled)"
-    paths[f"{GROUP}__mypyc"] = group
-    return paths, ""
+    if manifest.get("group_lib"):  # mypyc's shared library (a Cython build has none)
+        group = directory / manifest["group_lib"]
+        if not group.is_file():
+            return {}, f"incomplete build: the group library {group} is missing (make compiled)"
+        paths[f"{GROUP}__mypyc"] = group
+    return paths, manifest.get("compiler", "mypyc")
 
 
 class _CompiledFinder(importlib.abc.MetaPathFinder):
@@ -142,18 +149,19 @@ def select() -> HotPath:
     """Choose once per process; installs the finder when the compiled set is chosen."""
     for finder in sys.meta_path:
         if isinstance(finder, _CompiledFinder):
-            return HotPath(True, "", build_dir())
+            return HotPath(True, "mypyc", build_dir())
     if pure_requested():
         return HotPath(False, f"{ENV_PURE}=1", None)
     directory = build_dir()
     paths, why = check_build(directory)
     if not paths:
         return HotPath(False, why, None)
+    compiler = why
     early = [m for m in MODULES if m in sys.modules]
     if early:
         return HotPath(False, f"{', '.join(early)} imported before the choice", None)
     sys.meta_path.insert(0, _CompiledFinder(paths))
-    return HotPath(True, "", directory)
+    return HotPath(True, compiler, directory)
 
 
 def loaded() -> dict[str, bool]:

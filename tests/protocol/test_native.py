@@ -83,10 +83,20 @@ def _fake_tree(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_current_manifest_names_each_extension(tmp_path: Path) -> None:
     root, build = _fake_tree(tmp_path)
-    paths, why = native.check_build(build, root)
-    assert why == ""
+    paths, compiler = native.check_build(build, root)
+    assert compiler == "mypyc"
     assert paths[f"{native.GROUP}__mypyc"] == build / "group.so"
     assert paths["protocol.wire"] == build / "protocol" / "wire.so"
+
+
+def test_a_cython_build_has_no_group_library(tmp_path: Path) -> None:
+    root, build = _fake_tree(tmp_path)
+    manifest = json.loads((build / native.MANIFEST).read_text())
+    manifest.update(group_lib="", compiler="cython")
+    (build / native.MANIFEST).write_text(json.dumps(manifest))
+    paths, compiler = native.check_build(build, root)
+    assert compiler == "cython"
+    assert sorted(paths) == sorted(native.MODULES)
 
 
 def test_a_changed_source_makes_the_whole_build_stale(tmp_path: Path) -> None:
