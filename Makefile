@@ -11,7 +11,7 @@ STAMP := $(VENV)/.quire-installed
 SYSTEM_PACKAGES := etcd-server:etcd etcd-client:etcdctl redis-server:redis-server \
                    openjdk-17-jre-headless:java chromium:chromium \
                    iproute2:ip nftables:nft fuse:fusermount faketime:faketime \
-                   prometheus:promtool
+                   prometheus:promtool gcc:gcc python3-dev:python3-config
 
 # First python3.x >= 3.11 on PATH, unless given: make install PYTHON=/path/to/python3.12
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
@@ -32,9 +32,9 @@ COMPOSE_PACKAGES := docker.io:dockerd debootstrap:debootstrap
 COMPOSE_STAMP := $(VENV)/.quire-compose
 DOCKER_CONFIG_DIR := $(CURDIR)/build/compose/docker-config
 
-.PHONY: install system-deps packages test test-under-load run bench layers clean distclean compose-deps compose-images compose-test compose-secrets
+.PHONY: install compiled system-deps packages test test-pure test-under-load run bench layers clean distclean compose-deps compose-images compose-test compose-secrets
 
-install: system-deps $(STAMP)
+install: system-deps $(STAMP) compiled
 
 system-deps:
 	@$(MAKE) -s --no-print-directory packages PACKAGES="$(SYSTEM_PACKAGES)"
@@ -60,10 +60,26 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
+# The compiled hot path (docs/compiled.md): mypyc (pyproject's dev extra) and gcc build the
+# modules listed in protocol/native.py into build/native/<python tag>/, never beside their
+# sources. Rebuilt only when a source changed (the manifest keeps each one's SHA-256, and
+# a process loads the build only while every source is the one compiled). A failed build
+# (no compiler, a mypyc error) warns and leaves the pure-Python modules in use; `make
+# test` then fails in tests/protocol/test_native.py. QUIRE_PURE_PYTHON=1 skips it.
+compiled: $(STAMP)
+	@$(PY) -m tools.native_build || echo "warning: the hot path was not compiled (above); the pure-Python modules run" >&2
+
 # stdin from /dev/null and no cache dir: identical under CI=true, cron or a terminal.
+# QUIRE_EXPECT_COMPILED: tests/protocol/test_native.py fails if the build is not in use
+# (unless QUIRE_PURE_PYTHON=1 asked for none).
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30 \
+	QUIRE_EXPECT_COMPILED=$(if $(filter 1 true yes,$(QUIRE_PURE_PYTHON)),0,1) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30 \
 	  $(PYTEST_ARGS) tests/ </dev/null
+
+# The hot path's own tests again with every compiled module replaced by its source.
+test-pure: install
+	QUIRE_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile \
+	  $(PYTEST_ARGS) tests/protocol tests/client tests/coordinator </dev/null
 
 # The suite with two CPU hogs beside it (stress-ng from Debian): a test that fails here
 # waits on time instead of on its condition (docs/operations.md, "Testing").

@@ -16,6 +16,10 @@ Layer 4 (a role): imports protocol, fragment_store, quire and topology only, nev
 another role (it enqueues worker tasks by name). The server stacks up without circles:
 host (what is hosted) <- hosting (etcd side), drain <- server (connections).
 
-This package docstring imports nothing on purpose: importing `coordinator` must stay
-cheap and free of side effects for the CLI's entry-point discovery.
+This package imports nothing but `protocol.native` on purpose: importing `coordinator`
+must stay cheap and free of side effects for the CLI's entry-point discovery, and the
+choice between the compiled and the pure hot path (protocol/native.py) must be made
+before any coordinator module is imported.
 """
+
+import protocol.native  # noqa: F401 - selects the compiled or the pure hot path first

@@ -28,6 +28,7 @@ from protocol.wire import encode_frame
 from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
 from .append_lane import finish, ok_header, try_lane
+from .append_stream import ProxiedSource
 from .append_rules import decide_broken
 from .proxy_rules import Reproxy, ReproxyDecision, decide_reproxy, reproxy_budget
 from .read_relay import connect_member
@@ -149,7 +150,8 @@ class ClientSource:
                 assert self.policer is not None
                 self.policer.on_bytes(len(frame.payload), time.monotonic())
                 return frame.payload
-            return self._terminal(msg)
+            self._terminal(msg)
+            return None
 
 
 async def serve_append(broker: Broker, conn: FrameStream, req: AppendRequest,
@@ -220,7 +222,7 @@ def _peer_auth(broker: object, journal: str) -> dict:
     return peer_auth(Capability.APPEND, journal) if peer_auth is not None else {}
 
 
-async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ClientSource,  # noqa: ANN001
+async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ProxiedSource,  # noqa: ANN001
                        peer: dict | None = None, broker: object | None = None) -> bool | None:
     """Forward the append to the primary, with our resolution as its header, presenting
     our own derived APPEND token for the journal (`peer`: Host.peer_auth), never the
@@ -259,10 +261,10 @@ async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: Clien
                 upstream.write(AppendChunk(), chunk)
                 forwarded += len(chunk)
                 await upstream.drain()
-        except AppendAborted as exc:
+        except AppendAborted as aborted:
             upstream.abort()  # closing mid-stream rolls the append back at the primary
             upstream = None
-            await conn.send(AppendResponse(status=Status.ABORTED, header=res.header, message=exc.reason))
+            await conn.send(AppendResponse(status=Status.ABORTED, header=res.header, message=aborted.reason))
             return source.done
         await upstream.drain()
         async with asyncio.timeout(PROXY_TIMEOUT):

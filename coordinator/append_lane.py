@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 from typing import Any
 
-from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, Fragment, Status
+from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, Fragment, LabelSet, Status
 from protocol.spec import SuspendLevel
 from protocol.stream import FrameStream
 from protocol.wire import encode_frame
@@ -46,8 +46,8 @@ from .replica import Replica
 
 __all__ = ["Batch", "Lane", "answer", "finish", "ok_header", "try_lane"]
 
-_CHUNK = (AppendChunk.KIND, encode_frame(AppendChunk())[0][9:])
-_COMMIT = (AppendCommit.KIND, encode_frame(AppendCommit())[0][9:])
+_CHUNK = (AppendChunk.KIND, bytes(encode_frame(AppendChunk())[0][9:]))
+_COMMIT = (AppendCommit.KIND, bytes(encode_frame(AppendCommit())[0][9:]))
 """(kind, header bytes) of the frames a client streams an append's content with."""
 
 
@@ -91,7 +91,7 @@ class Lane:
         self.known = known
         """The client's route revision (AppendRequest.route_revision)."""
         self.commit: Fragment | None = None
-        self.registers = None
+        self.registers: LabelSet | None = None
         self.error: Decision | None = None
 
 
@@ -132,7 +132,7 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
         return None
     ks = broker.keyspace
     res = replica.cached_resolution(ks.revision, req.min_etcd_revision)
-    pln = replica.pipeline
+    pln: Pipeline | None = replica.pipeline
     if res is None or pln is None or pln.broken is not None or not pln.synced \
             or ks.changed_revision > res.header.etcd.revision:
         return None
@@ -192,8 +192,8 @@ def _stream(req: AppendRequest, res: Any, replica: Replica, pln: Pipeline,
     except PipelineBroken as exc:
         lane.error = decide_broken(False, str(exc), exc)  # content only: nothing committed
         batch.failed = batch.failed or exc
-    except BaseException as exc:
-        batch.failed = batch.failed or exc  # the batch rolls back instead of committing
+    except BaseException as failure:
+        batch.failed = batch.failed or failure  # the batch rolls back instead of committing
         raise
     return lane
 

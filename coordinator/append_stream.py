@@ -43,6 +43,13 @@ class ContentSource(Protocol):
         """The broker held the append back this long (max rate): not the client's delay."""
 
 
+class ProxiedSource(ContentSource, Protocol):
+    """A source an append is proxied from (append_api.proxy_append)."""
+
+    done: bool
+    """Its terminator (commit or abort) was read: the client's connection is in step."""
+
+
 class StreamStates:
     """Mixin: needs AppendFSM's attributes and `_go` / `_fail` / `_release_pipeline`,
     and the exactly-once `_duplicate` / `_mark` (append_eo.py)."""

@@ -21,7 +21,7 @@ import asyncio
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from protocol.logs import get_logger
 from protocol import Fragment
@@ -73,7 +73,9 @@ class Replica:
         """The process's spool_health.SpoolHealth (None with memory files)."""
         self.spool_lock = asyncio.Lock()
         self.pipeline_lock = PipelineLock()
-        self.pipeline = None  # a pipeline.Pipeline while we are primary and synced
+        # Any, not None: mypyc-compiled readers (append_lane) trust an attribute's type,
+        # and naming Pipeline/Batch here would be an import circle (docs/compiled.md).
+        self.pipeline: Any = None  # a pipeline.Pipeline while we are primary and synced
         self.head = 0
         """Published write head: readers see bytes below it (and nothing beyond)."""
         self.local: list[LocalFragment] = []
@@ -90,7 +92,7 @@ class Replica:
         self.lane: tuple[object, object] | None = None
         """(resolution, pipeline) the whole-append lane last found its route checks true
         for (append_lane.py): they hold while both are the same objects."""
-        self.batch = None
+        self.batch: Any = None
         """The lane's open group commit (append_lane.Batch), from its first append to
         the end of that loop turn; it holds pipeline_lock meanwhile."""
         self.limiter: RateLimiter | None = None

@@ -18,6 +18,7 @@ import sys
 import time
 
 from protocol.logs import get_logger
+from protocol.native import HOT_PATH
 from protocol import (
     AppendRequest,
     AppendResponse,
@@ -118,7 +119,8 @@ class Server(Host):
                     # The loop's class says whether uvloop is really in charge (main.py
                     # asks for it; tests and embedders may run us on plain asyncio).
                     log.info("coordinator serving", id=str(self.me), listen=self.cfg.listen,
-                             loop=type(asyncio.get_running_loop()).__module__)
+                             loop=type(asyncio.get_running_loop()).__module__,
+                             hot_path=HOT_PATH.describe())
                     await self.stopping.wait()
                     log.info("coordinator stopping", id=str(self.me))
                     # Still listening while draining: persist workers fetch the rolled

@@ -27,9 +27,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from protocol import Fragment
+
+if TYPE_CHECKING:  # an annotation only (the Host sets it; spool_health imports nothing of ours)
+    from .spool_health import SpoolHealth
 
 __all__ = ["DiskFile", "DiskFiles", "FileFactory", "MemoryFile", "MemoryFiles", "SpoolFile"]
 
@@ -276,7 +279,7 @@ class DiskFiles:
 
     def __init__(self, root: str | Path, recycle: int = 4) -> None:
         self.root = Path(root)
-        self.health = None
+        self.health: SpoolHealth | None = None
         """The process's spool_health.SpoolHealth (set by the Host): while it is not ok,
         discarded files are unlinked, not pooled, so their room returns to the disk."""
         self.before_seal: Callable[[Fragment], None] | None = None

@@ -8,7 +8,11 @@
     config, logs            typed settings (flags > env > YAML) and structlog set-up
 
 Imports nothing else of quire's; everything a peer or a store sees is defined here.
+`native` is imported first: it chooses, before any of them is imported, between the
+compiled hot-path modules and their Python sources (docs/compiled.md).
 """
+
+from . import native  # noqa: F401 - first: selects the compiled or the pure hot path
 
 from .errors import (
     FrameTooLarge,

@@ -15,6 +15,8 @@ the edge, before anything is written.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .status import Status
 
 
@@ -101,34 +103,66 @@ _BY_STATUS: dict[Status, type[StatusError]] = {
 }
 globals().update({cls.__name__: cls for cls in _BY_STATUS.values()})
 
-JournalNotFound = _BY_STATUS[Status.JOURNAL_NOT_FOUND]
-NoJournalPrimaryBroker = _BY_STATUS[Status.NO_JOURNAL_PRIMARY_BROKER]
-NotJournalPrimaryBroker = _BY_STATUS[Status.NOT_JOURNAL_PRIMARY_BROKER]
-InsufficientJournalBrokers = _BY_STATUS[Status.INSUFFICIENT_JOURNAL_BROKERS]
-NotJournalBroker = _BY_STATUS[Status.NOT_JOURNAL_BROKER]
-OffsetNotYetAvailable = _BY_STATUS[Status.OFFSET_NOT_YET_AVAILABLE]
-WrongRoute = _BY_STATUS[Status.WRONG_ROUTE]
-ProposalMismatch = _BY_STATUS[Status.PROPOSAL_MISMATCH]
-EtcdTransactionFailed = _BY_STATUS[Status.ETCD_TRANSACTION_FAILED]
-EtcdLimitExceeded = _BY_STATUS[Status.ETCD_LIMIT_EXCEEDED]
-NotAllowed = _BY_STATUS[Status.NOT_ALLOWED]
-WrongAppendOffset = _BY_STATUS[Status.WRONG_APPEND_OFFSET]
-IndexHasGreaterOffset = _BY_STATUS[Status.INDEX_HAS_GREATER_OFFSET]
-RegisterMismatch = _BY_STATUS[Status.REGISTER_MISMATCH]
-Suspended = _BY_STATUS[Status.SUSPENDED]
-FragmentStoreUnhealthy = _BY_STATUS[Status.FRAGMENT_STORE_UNHEALTHY]
-BadRequest = _BY_STATUS[Status.BAD_REQUEST]
-Unavailable = _BY_STATUS[Status.UNAVAILABLE]
-Aborted = _BY_STATUS[Status.ABORTED]
-CommitUnknown = _BY_STATUS[Status.COMMIT_UNKNOWN]
-ShardNotFound = _BY_STATUS[Status.SHARD_NOT_FOUND]
-ShardFenced = _BY_STATUS[Status.SHARD_FENCED]
-TxnOutOfOrder = _BY_STATUS[Status.TXN_OUT_OF_ORDER]
-TxnSuperseded = _BY_STATUS[Status.TXN_SUPERSEDED]
-ProducerGenerationRetired = _BY_STATUS[Status.PRODUCER_GENERATION_RETIRED]
-HistoryClosed = _BY_STATUS[Status.HISTORY_CLOSED]
-Unauthorized = _BY_STATUS[Status.UNAUTHORIZED]
-Forbidden = _BY_STATUS[Status.FORBIDDEN]
+if TYPE_CHECKING:
+    # What the assignments below make, as classes a type checker (and mypyc, which
+    # compiles the hot path against these types: protocol/native.py) can name.
+    class JournalNotFound(StatusError): ...
+    class NoJournalPrimaryBroker(StatusError): ...
+    class NotJournalPrimaryBroker(StatusError): ...
+    class InsufficientJournalBrokers(StatusError): ...
+    class NotJournalBroker(StatusError): ...
+    class OffsetNotYetAvailable(StatusError): ...
+    class WrongRoute(StatusError): ...
+    class ProposalMismatch(StatusError): ...
+    class EtcdTransactionFailed(StatusError): ...
+    class EtcdLimitExceeded(StatusError): ...
+    class NotAllowed(StatusError): ...
+    class WrongAppendOffset(StatusError): ...
+    class IndexHasGreaterOffset(StatusError): ...
+    class RegisterMismatch(StatusError): ...
+    class Suspended(StatusError): ...
+    class FragmentStoreUnhealthy(StatusError): ...
+    class BadRequest(StatusError): ...
+    class Unavailable(StatusError): ...
+    class Aborted(StatusError): ...
+    class CommitUnknown(StatusError): ...
+    class ShardNotFound(StatusError): ...
+    class ShardFenced(StatusError): ...
+    class TxnOutOfOrder(StatusError): ...
+    class TxnSuperseded(StatusError): ...
+    class ProducerGenerationRetired(StatusError): ...
+    class HistoryClosed(StatusError): ...
+    class Unauthorized(StatusError): ...
+    class Forbidden(StatusError): ...
+else:
+    JournalNotFound = _BY_STATUS[Status.JOURNAL_NOT_FOUND]
+    NoJournalPrimaryBroker = _BY_STATUS[Status.NO_JOURNAL_PRIMARY_BROKER]
+    NotJournalPrimaryBroker = _BY_STATUS[Status.NOT_JOURNAL_PRIMARY_BROKER]
+    InsufficientJournalBrokers = _BY_STATUS[Status.INSUFFICIENT_JOURNAL_BROKERS]
+    NotJournalBroker = _BY_STATUS[Status.NOT_JOURNAL_BROKER]
+    OffsetNotYetAvailable = _BY_STATUS[Status.OFFSET_NOT_YET_AVAILABLE]
+    WrongRoute = _BY_STATUS[Status.WRONG_ROUTE]
+    ProposalMismatch = _BY_STATUS[Status.PROPOSAL_MISMATCH]
+    EtcdTransactionFailed = _BY_STATUS[Status.ETCD_TRANSACTION_FAILED]
+    EtcdLimitExceeded = _BY_STATUS[Status.ETCD_LIMIT_EXCEEDED]
+    NotAllowed = _BY_STATUS[Status.NOT_ALLOWED]
+    WrongAppendOffset = _BY_STATUS[Status.WRONG_APPEND_OFFSET]
+    IndexHasGreaterOffset = _BY_STATUS[Status.INDEX_HAS_GREATER_OFFSET]
+    RegisterMismatch = _BY_STATUS[Status.REGISTER_MISMATCH]
+    Suspended = _BY_STATUS[Status.SUSPENDED]
+    FragmentStoreUnhealthy = _BY_STATUS[Status.FRAGMENT_STORE_UNHEALTHY]
+    BadRequest = _BY_STATUS[Status.BAD_REQUEST]
+    Unavailable = _BY_STATUS[Status.UNAVAILABLE]
+    Aborted = _BY_STATUS[Status.ABORTED]
+    CommitUnknown = _BY_STATUS[Status.COMMIT_UNKNOWN]
+    ShardNotFound = _BY_STATUS[Status.SHARD_NOT_FOUND]
+    ShardFenced = _BY_STATUS[Status.SHARD_FENCED]
+    TxnOutOfOrder = _BY_STATUS[Status.TXN_OUT_OF_ORDER]
+    TxnSuperseded = _BY_STATUS[Status.TXN_SUPERSEDED]
+    ProducerGenerationRetired = _BY_STATUS[Status.PRODUCER_GENERATION_RETIRED]
+    HistoryClosed = _BY_STATUS[Status.HISTORY_CLOSED]
+    Unauthorized = _BY_STATUS[Status.UNAUTHORIZED]
+    Forbidden = _BY_STATUS[Status.FORBIDDEN]
 """The append's commit was sent but its outcome is unknown: it may or may not have
 landed (an indefinite failure). Raised for a COMMIT_UNKNOWN answer and by the client
 when the connection is lost or times out after it sent the commit."""

@@ -184,7 +184,7 @@ class Client(MetadataCalls):
                                     subtract_registers=subtract_registers, suspend=suspend,
                                     min_etcd_revision=self.applied_revision, route_revision=known,
                                     roll_below=roll_below,
-                                    **(txn.fields() if txn is not None else {})), None
+                                    **(txn.fields() if txn is not None else {})), None  # type: ignore[arg-type]
             if plain:
                 if len(self._plain_requests) >= 4096:
                     self._plain_requests.clear()
@@ -228,15 +228,15 @@ class Client(MetadataCalls):
                 # Re-sending at the same explicit offset cannot land twice.
                 if not resendable or not body.rewind() or time.monotonic() >= deadline:
                     raise _commit_unknown(journal, offset, unknown, txn=txn) from exc.cause
-            except Unavailable as exc:
-                rerouted = isinstance(exc, Rerouted)
+            except Unavailable as failed:
+                rerouted = isinstance(failed, Rerouted)
                 if not rerouted:
                     self.routes.mark_down(endpoint)
                 if not body.rewind() or time.monotonic() >= deadline:
                     if unknown:
                         raise _commit_unknown(journal, offset, unknown,
-                                              f"a retry failed: {reason(exc)}", txn=txn) from exc
-                    raise Unavailable(reason(exc), journal=journal) from exc
+                                              f"a retry failed: {reason(failed)}", txn=txn) from failed
+                    raise Unavailable(reason(failed), journal=journal) from failed
             else:
                 status = response.status
                 if status == Status.OK:

@@ -9,9 +9,8 @@ read — closes it, because the peer may still be sending frames of the old RPC.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
+from types import TracebackType
 from ssl import SSLContext
 from typing import Protocol
 
@@ -72,12 +71,12 @@ class Connection:
         try:
             await asyncio.wait_for(stream.send(Hello(version=PROTOCOL_VERSION, token=token)), timeout)
             frame = await asyncio.wait_for(stream.read(), timeout)
-        except (ProtocolError, OSError, asyncio.TimeoutError) as exc:
+        except (ProtocolError, OSError, asyncio.TimeoutError) as failed:
             conn.abort()
-            refused = handshake_refusal(exc, ssl, at_hello=True)
+            refused = handshake_refusal(failed, ssl, at_hello=True)
             if refused is not None:
                 raise Unavailable(f"hello to {endpoint} failed: {refused}") from refused
-            raise Unavailable(f"hello to {endpoint} failed: {exc or type(exc).__name__}") from exc
+            raise Unavailable(f"hello to {endpoint} failed: {failed or type(failed).__name__}") from failed
         if isinstance(frame.message, ErrorFrame):
             conn.abort()
             raise for_status(frame.message.status)(f"{endpoint} refused hello: {frame.message.message}")
@@ -137,8 +136,8 @@ class Connection:
                     frame = await self.stream.read()
         except ConnectionClosed as exc:
             raise self._lost(exc, self.timed_out) from exc  # (the watchdog may have closed it)
-        except asyncio.TimeoutError as exc:
-            raise self._lost(exc, timeout) from exc
+        except asyncio.TimeoutError as expired:
+            raise self._lost(expired, timeout) from expired
         except ProtocolError:
             self.broken = True
             raise
@@ -281,18 +280,11 @@ class ConnectionPool:
         else:
             idle.append(conn)
 
-    @contextlib.asynccontextmanager
-    async def lease(self, endpoint: str) -> AsyncIterator[Connection]:
-        """A connection for one RPC. It returns to the pool only if the body finished
-        without an exception; the body marks it broken if the RPC ended mid-stream."""
-        conn = await self.acquire(endpoint)
-        try:
-            yield conn
-        except BaseException:
-            conn.abort()
-            raise
-        else:
-            self.release(conn)
+    def lease(self, endpoint: str) -> Lease:
+        """A connection for one RPC (`async with pool.lease(endpoint) as conn`). It returns
+        to the pool only if the body finished without an exception; the body marks it
+        broken if the RPC ended mid-stream."""
+        return Lease(self, endpoint)
 
     def drop(self, endpoint: str) -> None:
         """Forget every idle connection to an endpoint (it failed us)."""
@@ -309,6 +301,31 @@ class ConnectionPool:
         for conns in idle.values():
             for conn in conns:
                 await conn.close()
+
+
+class Lease:
+    """`ConnectionPool.lease`'s context (a class, not an async generator: mypyc compiles
+    this module, docs/compiled.md)."""
+
+    __slots__ = ("pool", "endpoint", "conn")
+
+    def __init__(self, pool: ConnectionPool, endpoint: str) -> None:
+        self.pool = pool
+        self.endpoint = endpoint
+        self.conn: Connection | None = None
+
+    async def __aenter__(self) -> Connection:
+        self.conn = await self.pool.acquire(self.endpoint)
+        return self.conn
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        conn, self.conn = self.conn, None
+        assert conn is not None
+        if exc is not None or kind is not None:
+            conn.abort()
+        else:
+            self.pool.release(conn)
 
 
 def status_error(status: Status, message: str, journal: str = "") -> StatusError:

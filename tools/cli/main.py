@@ -21,7 +21,7 @@ import typer
 from typer import _click as click  # typer >= 0.29 vendors click; its commands are these
 from typer.core import TyperGroup
 
-from . import auth, doctor, env, io, jobs, journals, shards, topology
+from . import auth, doctor, env, io, jobs, journals, shards, topology, version
 from . import fragments_verify  # noqa: F401 - registers `quire fragments verify`
 from .common import EXIT_INTERRUPTED, error_line, exit_code_for
 
@@ -95,6 +95,7 @@ app.command("append")(io.append)
 app.command("read")(io.read)
 app.command("env")(env.env)
 app.command("doctor")(doctor.doctor)
+app.command("version")(version.version)
 
 
 @app.command("up")
