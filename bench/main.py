@@ -107,6 +107,8 @@ async def _quire(cluster: LocalCluster, ref: PipelineRef, workdir: Path, seconds
         out["quire_appendservice_100b_r3_msgs"] = res["msgs_per_s"]
         out["quire_appendservice_100b_r3_mbps"] = res["mbps"]
         out["quire_appendservice_100b_r3_errors"] = res["errors"]
+        out["quire_appendservice_100b_r3_p50_ms"] = res["p50_ms"]
+        out["quire_appendservice_100b_r3_p99_ms"] = res["p99_ms"]
         say(f"AppendService: {res['msgs_per_s']:.0f} msgs/s")
     finally:
         await client.close()
@@ -213,25 +215,32 @@ def render(fig: dict[str, Any], console: Console) -> None:
                           _fmt(fig.get(f"ratio_{k}_vs_loopback"), 3))
     console.print(t)
     p = Table(title="R=3 appends: quire vs the minimal pipeline (bench/pipeline_ref.py), same run")
-    for col in ("case", "quire ops/s", "pipeline ops/s", "quire/pipeline", "quire p99 ms",
-                "pipeline p99 ms"):
+    for col in ("case", "quire ops/s", "pipeline ops/s", "quire/pipeline", "quire p50 ms",
+                "pipeline p50 ms", "quire p99 ms", "pipeline p99 ms"):
         p.add_column(col, justify="right")
     for case in [f"r3_{size_name(size)}_c{c}" for size in SIZES for c in CONCURRENCY] + [MULTI_CASE]:
         p.add_row(case, _fmt(fig.get(f"quire_{case}_ops"), 0), _fmt(fig.get(f"pipeline_{case}_ops"), 0),
                   _fmt(fig.get(f"ratio_quire_{case}_vs_pipeline"), 2),
+                  _fmt(fig.get(f"quire_{case}_p50_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p50_ms"), 2),
                   _fmt(fig.get(f"quire_{case}_p99_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p99_ms"), 2))
     for case in FRESH_CASES:  # the reference writing fresh pages, as quire's spools do here
         p.add_row(f"r3_{case} (fresh pages)", _fmt(fig.get(f"quire_r3_{case}_ops"), 0),
                   _fmt(fig.get(f"pipeline_fresh_r3_{case}_ops"), 0),
                   _fmt(fig.get(f"ratio_quire_r3_{case}_vs_pipeline_fresh"), 2),
+                  _fmt(fig.get(f"quire_r3_{case}_p50_ms"), 2),
+                  _fmt(fig.get(f"pipeline_fresh_r3_{case}_p50_ms"), 2),
                   _fmt(fig.get(f"quire_r3_{case}_p99_ms"), 2),
                   _fmt(fig.get(f"pipeline_fresh_r3_{case}_p99_ms"), 2))
     console.print(p)
     m = Table(title="100-byte JSON messages (R=3 AppendService vs Redis XADD pipelined x100)")
-    for col in ("quire msgs/s", "redis pipelined ops/s", "redis unpipelined ops/s", "quire/redis"):
+    for col in ("quire msgs/s", "quire p50 ms", "quire p99 ms", "redis pipelined ops/s",
+                "redis pipe p99 ms", "redis unpipelined ops/s", "quire/redis"):
         m.add_column(col, justify="right")
     m.add_row(_fmt(fig.get("quire_appendservice_100b_r3_msgs"), 0),
-              _fmt(fig.get("redis_100b_pipe_ops"), 0), _fmt(fig.get("redis_100b_sync_ops"), 0),
+              _fmt(fig.get("quire_appendservice_100b_r3_p50_ms"), 2),
+              _fmt(fig.get("quire_appendservice_100b_r3_p99_ms"), 2),
+              _fmt(fig.get("redis_100b_pipe_ops"), 0), _fmt(fig.get("redis_100b_pipe_p99_ms"), 2),
+              _fmt(fig.get("redis_100b_sync_ops"), 0),
               _fmt(fig.get("ratio_appendservice_vs_redis_pipe"), 2))
     console.print(m)
     lim = Table(title="limits (same run) and coordinator RSS")
@@ -253,14 +262,17 @@ def render_replicated(rep: dict[str, Any], console: Console) -> None:
         if key.startswith("ratio_"):
             t.add_row(key[len("ratio_"):], _fmt(v["median"], 2), _fmt(v["min"], 2), _fmt(v["max"], 2))
     console.print(t)
-    f = Table(title="figures (median ops/s)")
+    f = Table(title="figures (medians over the repetitions; latency: send to acknowledgement "
+                    "at the client)")
     f.add_column("system · shape")
-    f.add_column("ops/s", justify="right")
-    f.add_column("MB/s", justify="right")
+    for col in ("ops/s", "MB/s", "p50 ms", "p99 ms"):
+        f.add_column(col, justify="right")
     for key, v in rep["summary"].items():
         if key.endswith("_ops") and not key.startswith("ratio_"):
-            mb = rep["summary"].get(key[:-4] + "_mbps", {}).get("median")
-            f.add_row(key[:-4], _fmt(v["median"], 0), _fmt(mb))
+            more = [rep["summary"].get(key[:-4] + suffix, {}).get("median")
+                    for suffix in ("_mbps", "_p50_ms", "_p99_ms")]
+            f.add_row(key[:-4], _fmt(v["median"], 0), _fmt(more[0]), _fmt(more[1], 2),
+                      _fmt(more[2], 2))
     console.print(f)
     if rep.get("kafka_skipped"):
         console.print(rep["kafka_skipped"])
