@@ -31,6 +31,7 @@ from chaos.cluster import LocalCluster
 from quire.client import Client
 from protocol.logs import configure_logging
 from protocol import Codec, FragmentSpec, JournalSpec
+from protocol.ktls import ktls_status
 from tools.lifetime import interrupt_on_sigterm
 
 from .limits import measure_limits
@@ -160,7 +161,9 @@ def run_bench(quick: bool, workdir: Path, coordinators: int, console: Console) -
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "processor": _cpu_model()},
         "coordinators": coordinators, "loadavg_start": os.getloadavg()[0],
+        "ktls": ktls_status().line(),
     }
+    say(fig["ktls"])
     seconds = 1.5 if quick else 4.0
     say("limits: SHA-1, loopback TCP")
     fig.update(measure_limits(quick=quick))
@@ -198,6 +201,8 @@ def _fmt(v: Any, digits: int = 1) -> str:
 
 
 def render(fig: dict[str, Any], console: Console) -> None:
+    if fig.get("ktls"):
+        console.print(fig["ktls"])
     t = Table(title="appends: quire vs Redis XADD (ops/s) and the machine's bounds (MB/s)")
     for col in ("R", "size", "conc", "ops/s", "MB/s", "p50 ms", "p99 ms", "redis ops/s",
                 "quire/redis", "quire/SHA-1", "quire/loopback"):
@@ -278,6 +283,30 @@ def render_replicated(rep: dict[str, Any], console: Console) -> None:
         console.print(rep["kafka_skipped"])
 
 
+def render_secure(sec: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"--secure: quire R=3 (tokens + mTLS) vs NATS JetStream R=3 with TLS, same run; "
+                    f"medians over {sec['repeat']} repetition(s) ({sec['ktls']})")
+    for col in ("shape", "quire ops/s", "JetStream ops/s", "quire/JetStream", "min", "max",
+                "quire p50 ms", "JetStream p50 ms", "quire p99 ms", "JetStream p99 ms"):
+        t.add_column(col, justify="right")
+    summ = sec["summary"]
+
+    def med(key: str, what: str = "median") -> Any:
+        return summ.get(key, {}).get(what)
+
+    from .secure_peers import SECURE_SHAPES
+
+    for size, conc in SECURE_SHAPES:
+        case = f"{size_name(size)}_c{conc}"
+        ratio = f"ratio_quire_tls_r3_{case}_vs_nats_tls"
+        t.add_row(f"{size_name(size)} x{conc}", _fmt(med(f"quire_tls_{case}_ops"), 0),
+                  _fmt(med(f"nats_tls_{case}_ops"), 0), _fmt(med(ratio), 2),
+                  _fmt(med(ratio, "min"), 2), _fmt(med(ratio, "max"), 2),
+                  _fmt(med(f"quire_tls_{case}_p50_ms"), 2), _fmt(med(f"nats_tls_{case}_p50_ms"), 2),
+                  _fmt(med(f"quire_tls_{case}_p99_ms"), 2), _fmt(med(f"nats_tls_{case}_p99_ms"), 2))
+    console.print(t)
+
+
 def command(
     quick: bool = typer.Option(False, "--quick", help="Short cases (about two minutes, plus "
                                "about 40 s per repetition of the replicated peers)."),
@@ -292,6 +321,10 @@ def command(
     scale: bool = typer.Option(True, "--scale/--no-scale",
                                help="Run the scale section (bench/scale.py) at 10 and 1,000 "
                                "journals (10 and 100 with --quick)."),
+    secure: bool = typer.Option(False, "--secure",
+                                help="Also compare quire's secure path (tokens + mTLS, R=3) with "
+                                "NATS JetStream R=3 with TLS (bench/secure_peers.py; needs "
+                                "`make bench`), --repeat times."),
     log_level: str = typer.Option("WARNING", "--log-level"),
 ) -> None:
     """Benchmark quire against Redis Streams, replicated brokers (NATS JetStream R=3, Redis
@@ -308,6 +341,13 @@ def command(
                                                seconds=1.0 if quick else 3.0,
                                                coordinators=coordinators,
                                                say=lambda m: console.log(m))
+        if secure:
+            from .secure_peers import run_secure
+
+            console.log(f"secure: quire (tokens + mTLS) vs JetStream with TLS, {repeat} repetition(s)")
+            fig["secure"] = run_secure(workdir / "secure", repeat=repeat,
+                                       seconds=1.0 if quick else 3.0,
+                                       say=lambda m: console.log(m))
         if scale:
             from .scale import run_scale
 
@@ -327,6 +367,8 @@ def command(
         console.print(render_scale(fig["scale"]))
     if "replicated" in fig:
         render_replicated(fig["replicated"], console)
+    if "secure" in fig:
+        render_secure(fig["secure"], console)
     if json_out is not None:
         json_out.write_text(json.dumps(fig, indent=1, sort_keys=True))
         console.print(f"figures written to {json_out}")
