@@ -353,9 +353,9 @@ class Client(MetadataCalls):
         `frames`: request, chunk and commit already encoded, if the caller has them.
         `now`: the caller's monotonic clock reading, used as the send time if a pooled
         connection is at hand. The small-append path counts its Python-level calls
-        (bench/calls.py), so it reads the answer as `Connection.answer` does but
-        without that coroutine level, and lets the pool do send + watch and unwatch +
-        release in one call each."""
+        (bench/calls.py), so it reads the answer from the stream itself (no
+        coroutine level of the Connection's between) and lets the pool do send + watch
+        and unwatch + release in one call each."""
         pool = self.pool
         if frames is None:
             frames = request + _CHUNK.encode(data) + _COMMIT if data else request + _COMMIT

@@ -128,20 +128,10 @@ class Connection:
             raise
         return self.checked(frame)
 
-    async def answer(self) -> Frame:
-        """The next frame of a watched RPC (ConnectionPool.watch bounds it, no timer):
-        as read(), and Unavailable if the watchdog closed the connection."""
-        try:
-            frame = await self.stream.read()
-        except ConnectionClosed as exc:
-            raise self.lost(exc, self.timed_out) from exc
-        except ProtocolError:
-            self.broken = True
-            raise
-        return self.checked(frame)
-
     def lost(self, exc: BaseException, timed_out: float | None = 0.0) -> Unavailable:
-        """The Unavailable (or Rerouted) to raise for a read that found it closed."""
+        """The Unavailable (or Rerouted) to raise for a read that found it closed; a watched
+        RPC (ConnectionPool.watch, no timer) passes `timed_out`, set if the watchdog
+        closed it (Client._append_whole reads its answer so)."""
         self.broken = True
         if self.rerouted:
             return Rerouted(f"{self.endpoint} did not answer for {time.monotonic() - self.since:.1f}s "
@@ -226,7 +216,7 @@ class ConnectionPool:
         """Bound the RPC `conn` is about to wait on by `timeout`: one watchdog task per
         pool, waking every WATCH_PERIOD (or a quarter of the shortest timeout) while
         any RPC is watched, closes a connection whose answer is overdue — its read then
-        raises Unavailable (Connection.answer). No timer handle per RPC: a timeout
+        raises Unavailable (Connection.lost). No timer handle per RPC: a timeout
         fires between `timeout` and `timeout` + the period.
 
         An append names its `journal`, the primary it `expect`s to answer ("" when sent
