@@ -143,8 +143,14 @@ def run_secure(workdir: Path, *, repeat: int, seconds: float,
                     # The first append waits out the coordinators' start and the assignment.
                     await client.append(JOURNAL, b"", retry_timeout=180)
                     async with NatsDriver(nats_cluster.urls, tls=ctx) as nats:
-                        await append_case(client, JOURNAL, 1 << 10, 8, seconds=0.5)  # warm up
-                        await nats.one_in_flight(1 << 10, 8, 0.5)
+                        # Warm up every shape on both, then 3 s more of quire's 1 KiB x1:
+                        # without it the first 1 KiB x1 measured after the start ran
+                        # 10-20x slower than the same case a pass later (2026-11-29).
+                        for size, conc in SECURE_SHAPES:
+                            await append_case(client, JOURNAL, size, conc, seconds=0.5)
+                            await nats.one_in_flight(size, conc, 0.5)
+                        res = await append_case(client, JOURNAL, 1 << 10, 1, seconds=3.0)
+                        say(f"secure warm-up: quire 1k x1 {res['ops_per_s']:,.0f}/s p50 {res['p50_ms']:.2f} ms")
                         return await _repetitions(client, nats, repeat, seconds, say)
                 finally:
                     await client.close()
