@@ -7,8 +7,11 @@
     counts them as they are acknowledged — the batched shape (AppendService, Kafka's
     linger batching, JetStream's async publish, a Redis pipeline).
 
-Both are bounded by time and by operations, and report ops/s, MB/s, latency p50/p99
-(closed loop only) and errors.
+Both are bounded by time and by operations, and report ops/s, MB/s, errors and latency
+p50/p99 (ms, send to acknowledgement at the client, in bench/latency.py's fixed buckets:
+memory does not grow with the run). The windowed shape times one operation in
+`SAMPLE_EVERY` (a done-callback per operation would cost the batched systems more than
+their own per-message work).
 """
 
 from __future__ import annotations
@@ -18,16 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["closed_loop", "windowed", "percentile"]
+from .latency import LatencyHistogram
+
+__all__ = ["closed_loop", "windowed", "SAMPLE_EVERY"]
 
 MB = 1e6
-
-
-def percentile(lat: list[float], q: float) -> float:
-    if not lat:
-        return float("nan")
-    lat = sorted(lat)
-    return lat[min(len(lat) - 1, int(len(lat) * q))]
+SAMPLE_EVERY = 16
 
 
 async def closed_loop(op: Callable[[int], Awaitable[Any]], size: int, concurrency: int, *,
@@ -35,7 +34,8 @@ async def closed_loop(op: Callable[[int], Awaitable[Any]], size: int, concurrenc
                       ) -> dict[str, Any]:
     """`op(task)` is one acknowledged operation of `size` bytes."""
     limit = max(concurrency, min(max_ops, max_bytes // max(size, 1)))
-    lat: list[float] = []
+    hist = LatencyHistogram()
+    record = hist.record
     errors: list[str] = []
     started = 0
     deadline = time.perf_counter() + seconds
@@ -50,15 +50,14 @@ async def closed_loop(op: Callable[[int], Awaitable[Any]], size: int, concurrenc
             except Exception as exc:  # noqa: BLE001 - reported in the figures
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 continue
-            lat.append(time.perf_counter() - s)
+            record(time.perf_counter() - s)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    n = len(lat)
+    n = hist.n
     return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n,
-            "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
-            "errors": len(errors), "first_error": errors[0] if errors else ""}
+            **hist.summary(), "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
 async def windowed(start: Callable[[], "asyncio.Future[Any]"], size: int, window: int, *,
@@ -66,6 +65,7 @@ async def windowed(start: Callable[[], "asyncio.Future[Any]"], size: int, window
     """`start()` begins one operation and returns its future; up to `window` outstanding."""
     pending: list[asyncio.Future[Any]] = []
     ok = errors = n = 0
+    hist = LatencyHistogram()
     t0 = time.perf_counter()
     deadline = t0 + seconds
 
@@ -79,7 +79,10 @@ async def windowed(start: Callable[[], "asyncio.Future[Any]"], size: int, window
                 errors += 1
 
     while n < max_ops and time.perf_counter() < deadline:
-        pending.append(start())
+        f = start()
+        if n % SAMPLE_EVERY == 0:
+            sample_latency(f, hist)
+        pending.append(f)
         n += 1
         if len(pending) >= window:
             half, pending = pending[:window // 2], pending[window // 2:]
@@ -88,4 +91,16 @@ async def windowed(start: Callable[[], "asyncio.Future[Any]"], size: int, window
         await settle(pending)
     elapsed = time.perf_counter() - t0
     return {"ops_per_s": ok / elapsed, "mbps": ok * size / elapsed / MB, "n": ok,
-            "errors": errors}
+            **hist.summary(), "errors": errors}
+
+
+def sample_latency(f: "asyncio.Future[Any]", hist: LatencyHistogram,
+                   since: float | None = None) -> None:
+    """Record `f`'s time from `since` (default: now) to its successful completion."""
+    s = time.perf_counter() if since is None else since
+
+    def done(fut: "asyncio.Future[Any]") -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            hist.record(time.perf_counter() - s)
+
+    f.add_done_callback(done)

@@ -23,7 +23,10 @@ import os
 import socket
 import statistics
 import time
+from collections import deque
 from typing import Any
+
+from .latency import LatencyHistogram
 
 __all__ = ["sha1_mbps", "loopback_mbps", "loopback_rtt", "measure_limits"]
 
@@ -130,27 +133,30 @@ def loopback_mbps(*, seconds: float = 2.0, max_bytes: int = 32 << 30, reps: int 
     return statistics.median(results)
 
 
-async def _pingpong(port: int, inflight: int, seconds: float, max_ops: int) -> tuple[int, float, list[float]]:
+async def _pingpong(port: int, inflight: int, seconds: float,
+                    max_ops: int) -> tuple[int, float, LatencyHistogram]:
     r, w = await asyncio.open_connection("127.0.0.1", port)
     w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     req = os.urandom(1024)
-    sent_at: list[float] = []
-    lat: list[float] = []
+    sent_at: deque[float] = deque()  # the send times of the requests in flight
+    lat = LatencyHistogram()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     for _ in range(inflight):
         sent_at.append(time.perf_counter())
         w.write(req)
+    sent = inflight
     done = 0
     while True:
         await r.readexactly(1024)
         now = time.perf_counter()
-        lat.append(now - sent_at[done])
+        lat.record(now - sent_at.popleft())
         done += 1
-        if now < deadline and len(sent_at) < max_ops:
+        if now < deadline and sent < max_ops:
             sent_at.append(now)
+            sent += 1
             w.write(req)
-        elif done == len(sent_at):
+        elif done == sent:
             break
     elapsed = time.perf_counter() - t0
     w.close()
@@ -160,9 +166,8 @@ async def _pingpong(port: int, inflight: int, seconds: float, max_ops: int) -> t
 def loopback_rtt(inflight: int = 1, *, seconds: float = 2.0, max_ops: int = 2_000_000) -> dict[str, float]:
     with _Server("echo") as srv:
         done, elapsed, lat = asyncio.run(_pingpong(srv.port, inflight, seconds, max_ops))
-    lat.sort()
-    return {"ops_per_s": done / elapsed, "p50_us": lat[len(lat) // 2] * 1e6,
-            "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
+    return {"ops_per_s": done / elapsed, "p50_us": lat.percentile_ns(0.5) / 1e3,
+            "p99_us": lat.percentile_ns(0.99) / 1e3}
 
 
 def measure_limits(quick: bool = False) -> dict[str, Any]:

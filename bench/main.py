@@ -31,6 +31,7 @@ from chaos.cluster import LocalCluster
 from quire.client import Client
 from protocol.logs import configure_logging
 from protocol import Codec, FragmentSpec, JournalSpec
+from protocol.ktls import ktls_status
 from tools.lifetime import interrupt_on_sigterm
 
 from .limits import measure_limits
@@ -107,6 +108,8 @@ async def _quire(cluster: LocalCluster, ref: PipelineRef, workdir: Path, seconds
         out["quire_appendservice_100b_r3_msgs"] = res["msgs_per_s"]
         out["quire_appendservice_100b_r3_mbps"] = res["mbps"]
         out["quire_appendservice_100b_r3_errors"] = res["errors"]
+        out["quire_appendservice_100b_r3_p50_ms"] = res["p50_ms"]
+        out["quire_appendservice_100b_r3_p99_ms"] = res["p99_ms"]
         say(f"AppendService: {res['msgs_per_s']:.0f} msgs/s")
     finally:
         await client.close()
@@ -158,7 +161,9 @@ def run_bench(quick: bool, workdir: Path, coordinators: int, console: Console) -
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "processor": _cpu_model()},
         "coordinators": coordinators, "loadavg_start": os.getloadavg()[0],
+        "ktls": ktls_status().line(),
     }
+    say(fig["ktls"])
     seconds = 1.5 if quick else 4.0
     say("limits: SHA-1, loopback TCP")
     fig.update(measure_limits(quick=quick))
@@ -196,6 +201,8 @@ def _fmt(v: Any, digits: int = 1) -> str:
 
 
 def render(fig: dict[str, Any], console: Console) -> None:
+    if fig.get("ktls"):
+        console.print(fig["ktls"])
     t = Table(title="appends: quire vs Redis XADD (ops/s) and the machine's bounds (MB/s)")
     for col in ("R", "size", "conc", "ops/s", "MB/s", "p50 ms", "p99 ms", "redis ops/s",
                 "quire/redis", "quire/SHA-1", "quire/loopback"):
@@ -213,25 +220,32 @@ def render(fig: dict[str, Any], console: Console) -> None:
                           _fmt(fig.get(f"ratio_{k}_vs_loopback"), 3))
     console.print(t)
     p = Table(title="R=3 appends: quire vs the minimal pipeline (bench/pipeline_ref.py), same run")
-    for col in ("case", "quire ops/s", "pipeline ops/s", "quire/pipeline", "quire p99 ms",
-                "pipeline p99 ms"):
+    for col in ("case", "quire ops/s", "pipeline ops/s", "quire/pipeline", "quire p50 ms",
+                "pipeline p50 ms", "quire p99 ms", "pipeline p99 ms"):
         p.add_column(col, justify="right")
     for case in [f"r3_{size_name(size)}_c{c}" for size in SIZES for c in CONCURRENCY] + [MULTI_CASE]:
         p.add_row(case, _fmt(fig.get(f"quire_{case}_ops"), 0), _fmt(fig.get(f"pipeline_{case}_ops"), 0),
                   _fmt(fig.get(f"ratio_quire_{case}_vs_pipeline"), 2),
+                  _fmt(fig.get(f"quire_{case}_p50_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p50_ms"), 2),
                   _fmt(fig.get(f"quire_{case}_p99_ms"), 2), _fmt(fig.get(f"pipeline_{case}_p99_ms"), 2))
     for case in FRESH_CASES:  # the reference writing fresh pages, as quire's spools do here
         p.add_row(f"r3_{case} (fresh pages)", _fmt(fig.get(f"quire_r3_{case}_ops"), 0),
                   _fmt(fig.get(f"pipeline_fresh_r3_{case}_ops"), 0),
                   _fmt(fig.get(f"ratio_quire_r3_{case}_vs_pipeline_fresh"), 2),
+                  _fmt(fig.get(f"quire_r3_{case}_p50_ms"), 2),
+                  _fmt(fig.get(f"pipeline_fresh_r3_{case}_p50_ms"), 2),
                   _fmt(fig.get(f"quire_r3_{case}_p99_ms"), 2),
                   _fmt(fig.get(f"pipeline_fresh_r3_{case}_p99_ms"), 2))
     console.print(p)
     m = Table(title="100-byte JSON messages (R=3 AppendService vs Redis XADD pipelined x100)")
-    for col in ("quire msgs/s", "redis pipelined ops/s", "redis unpipelined ops/s", "quire/redis"):
+    for col in ("quire msgs/s", "quire p50 ms", "quire p99 ms", "redis pipelined ops/s",
+                "redis pipe p99 ms", "redis unpipelined ops/s", "quire/redis"):
         m.add_column(col, justify="right")
     m.add_row(_fmt(fig.get("quire_appendservice_100b_r3_msgs"), 0),
-              _fmt(fig.get("redis_100b_pipe_ops"), 0), _fmt(fig.get("redis_100b_sync_ops"), 0),
+              _fmt(fig.get("quire_appendservice_100b_r3_p50_ms"), 2),
+              _fmt(fig.get("quire_appendservice_100b_r3_p99_ms"), 2),
+              _fmt(fig.get("redis_100b_pipe_ops"), 0), _fmt(fig.get("redis_100b_pipe_p99_ms"), 2),
+              _fmt(fig.get("redis_100b_sync_ops"), 0),
               _fmt(fig.get("ratio_appendservice_vs_redis_pipe"), 2))
     console.print(m)
     lim = Table(title="limits (same run) and coordinator RSS")
@@ -253,17 +267,44 @@ def render_replicated(rep: dict[str, Any], console: Console) -> None:
         if key.startswith("ratio_"):
             t.add_row(key[len("ratio_"):], _fmt(v["median"], 2), _fmt(v["min"], 2), _fmt(v["max"], 2))
     console.print(t)
-    f = Table(title="figures (median ops/s)")
+    f = Table(title="figures (medians over the repetitions; latency: send to acknowledgement "
+                    "at the client)")
     f.add_column("system · shape")
-    f.add_column("ops/s", justify="right")
-    f.add_column("MB/s", justify="right")
+    for col in ("ops/s", "MB/s", "p50 ms", "p99 ms"):
+        f.add_column(col, justify="right")
     for key, v in rep["summary"].items():
         if key.endswith("_ops") and not key.startswith("ratio_"):
-            mb = rep["summary"].get(key[:-4] + "_mbps", {}).get("median")
-            f.add_row(key[:-4], _fmt(v["median"], 0), _fmt(mb))
+            more = [rep["summary"].get(key[:-4] + suffix, {}).get("median")
+                    for suffix in ("_mbps", "_p50_ms", "_p99_ms")]
+            f.add_row(key[:-4], _fmt(v["median"], 0), _fmt(more[0]), _fmt(more[1], 2),
+                      _fmt(more[2], 2))
     console.print(f)
     if rep.get("kafka_skipped"):
         console.print(rep["kafka_skipped"])
+
+
+def render_secure(sec: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"--secure: quire R=3 (tokens + mTLS) vs NATS JetStream R=3 with TLS, same run; "
+                    f"medians over {sec['repeat']} repetition(s) ({sec['ktls']})")
+    for col in ("shape", "quire ops/s", "JetStream ops/s", "quire/JetStream", "min", "max",
+                "quire p50 ms", "JetStream p50 ms", "quire p99 ms", "JetStream p99 ms"):
+        t.add_column(col, justify="right")
+    summ = sec["summary"]
+
+    def med(key: str, what: str = "median") -> Any:
+        return summ.get(key, {}).get(what)
+
+    from .secure_peers import SECURE_SHAPES
+
+    for size, conc in SECURE_SHAPES:
+        case = f"{size_name(size)}_c{conc}"
+        ratio = f"ratio_quire_tls_r3_{case}_vs_nats_tls"
+        t.add_row(f"{size_name(size)} x{conc}", _fmt(med(f"quire_tls_{case}_ops"), 0),
+                  _fmt(med(f"nats_tls_{case}_ops"), 0), _fmt(med(ratio), 2),
+                  _fmt(med(ratio, "min"), 2), _fmt(med(ratio, "max"), 2),
+                  _fmt(med(f"quire_tls_{case}_p50_ms"), 2), _fmt(med(f"nats_tls_{case}_p50_ms"), 2),
+                  _fmt(med(f"quire_tls_{case}_p99_ms"), 2), _fmt(med(f"nats_tls_{case}_p99_ms"), 2))
+    console.print(t)
 
 
 def command(
@@ -280,6 +321,10 @@ def command(
     scale: bool = typer.Option(True, "--scale/--no-scale",
                                help="Run the scale section (bench/scale.py) at 10 and 1,000 "
                                "journals (10 and 100 with --quick)."),
+    secure: bool = typer.Option(False, "--secure",
+                                help="Also compare quire's secure path (tokens + mTLS, R=3) with "
+                                "NATS JetStream R=3 with TLS (bench/secure_peers.py; needs "
+                                "`make bench`), --repeat times."),
     log_level: str = typer.Option("WARNING", "--log-level"),
 ) -> None:
     """Benchmark quire against Redis Streams, replicated brokers (NATS JetStream R=3, Redis
@@ -296,6 +341,13 @@ def command(
                                                seconds=1.0 if quick else 3.0,
                                                coordinators=coordinators,
                                                say=lambda m: console.log(m))
+        if secure:
+            from .secure_peers import run_secure
+
+            console.log(f"secure: quire (tokens + mTLS) vs JetStream with TLS, {repeat} repetition(s)")
+            fig["secure"] = run_secure(workdir / "secure", repeat=repeat,
+                                       seconds=1.0 if quick else 3.0,
+                                       say=lambda m: console.log(m))
         if scale:
             from .scale import run_scale
 
@@ -315,6 +367,8 @@ def command(
         console.print(render_scale(fig["scale"]))
     if "replicated" in fig:
         render_replicated(fig["replicated"], console)
+    if "secure" in fig:
+        render_secure(fig["secure"], console)
     if json_out is not None:
         json_out.write_text(json.dumps(fig, indent=1, sort_keys=True))
         console.print(f"figures written to {json_out}")

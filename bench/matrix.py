@@ -6,7 +6,8 @@
     p50/p99. Bounded by time and by bytes.
   * `message_rate`: 100-byte JSON lines through `AppendService` (which batches many
     small messages into few transactional appends); messages/s until every accepted
-    message is acknowledged.
+    message is acknowledged, and p50/p99 from `svc.append` to the acknowledgement of
+    one message in bench.closed_loop.SAMPLE_EVERY.
 
 Every case uses the cluster started by `bench.main` (loopback only).
 """
@@ -20,7 +21,8 @@ from typing import Any
 
 from quire.client import AppendService, Client
 
-from .closed_loop import closed_loop
+from .closed_loop import SAMPLE_EVERY, closed_loop, sample_latency
+from .latency import LatencyHistogram
 
 __all__ = ["append_case", "message_rate", "json_message"]
 
@@ -68,11 +70,18 @@ async def message_rate(client: Client, journal: str, *, seconds: float, size: in
     pending: list[asyncio.Future[Any]] = []
     n = 0
     errors = 0
+    hist = LatencyHistogram()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     try:
         while n < max_messages and time.perf_counter() < deadline:
-            pending.append(await svc.append(journal, msgs[n & 255]))
+            if n % SAMPLE_EVERY == 0:
+                s = time.perf_counter()
+                f = await svc.append(journal, msgs[n & 255])
+                sample_latency(f, hist, since=s)
+            else:
+                f = await svc.append(journal, msgs[n & 255])
+            pending.append(f)
             n += 1
             if len(pending) >= window:
                 # Bound the futures we hold; wait for the oldest half.
@@ -85,4 +94,4 @@ async def message_rate(client: Client, journal: str, *, seconds: float, size: in
         await svc.close(timeout=30)
     ok = n - errors
     return {"msgs_per_s": ok / elapsed, "mbps": ok * size / elapsed / MB, "n": ok,
-            "errors": errors}
+            **hist.summary(), "errors": errors}

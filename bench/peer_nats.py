@@ -51,7 +51,8 @@ class _NatsServer(Service):
 class NatsCluster:
     """Three JetStream servers routed to each other on loopback."""
 
-    def __init__(self, workdir: Path, size: int = 3) -> None:
+    def __init__(self, workdir: Path, size: int = 3, tls: Any = None) -> None:
+        self.tls = tls
         self.ports = [free_port() for _ in range(size)]
         routes = [free_port() for _ in range(size)]
         self.servers: list[_NatsServer] = []
@@ -59,18 +60,23 @@ class NatsCluster:
             d = workdir / f"nats-{i}"
             d.mkdir(parents=True, exist_ok=True)
             conf = d / "nats.conf"
+            tls_block = "" if tls is None else (
+                f'tls {{ cert_file: "{tls.cert}"\n  key_file: "{tls.key}"\n'
+                f'  ca_file: "{tls.ca}"\n  verify: true\n  timeout: 5 }}\n')
             conf.write_text(
                 f'server_name: n{i}\nlisten: "127.0.0.1:{self.ports[i]}"\n'
-                "max_payload: 8MB\nmax_pending: 64MB\n"
+                "max_payload: 8MB\nmax_pending: 64MB\n" + tls_block +
                 f'jetstream {{ store_dir: "{d / "js"}" }}\n'
                 f'cluster {{ name: quire-bench\n  listen: "127.0.0.1:{routes[i]}"\n'
+                + ("  " + tls_block if tls is not None else "") +
                 "  routes: [" + ", ".join(f'"nats://127.0.0.1:{p}"' for j, p in enumerate(routes)
                                           if j != i) + "] }\n")
             self.servers.append(_NatsServer(f"nats-{i}", conf, self.ports[i], workdir=d))
 
     @property
     def urls(self) -> list[str]:
-        return [f"nats://127.0.0.1:{p}" for p in self.ports]
+        scheme = "tls" if self.tls is not None else "nats"
+        return [f"{scheme}://127.0.0.1:{p}" for p in self.ports]
 
     def __enter__(self) -> NatsCluster:
         try:
@@ -112,8 +118,10 @@ async def _stream(nc: Any, timeout: float = 60.0) -> None:
 class NatsDriver:
     """One client connection to the cluster and the stream; runs the bench's shapes."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], tls: Any = None) -> None:
         self.urls = urls
+        self.tls = tls
+        """An ssl.SSLContext for a TLS cluster (its client certificate included)."""
         self.nc: Any = None
         self.js: Any = None
         self._n = 0
@@ -122,7 +130,8 @@ class NatsDriver:
         import nats
 
         self.nc = await nats.connect(servers=self.urls, max_reconnect_attempts=3,
-                                     pending_size=256 << 20)
+                                     pending_size=256 << 20, tls=self.tls,
+                                     tls_hostname="127.0.0.1" if self.tls else None)
         await _stream(self.nc)
         self.js = self.nc.jetstream(timeout=30.0)
         return self

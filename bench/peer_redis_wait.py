@@ -19,6 +19,7 @@ from typing import Any
 from tools.services import ServiceError
 
 from .closed_loop import closed_loop
+from .latency import LatencyHistogram
 from .peers import STREAM, BenchRedis
 
 __all__ = ["RedisReplicas", "RedisWaitDriver"]
@@ -117,17 +118,21 @@ class RedisWaitDriver:
         payload, replicas = bytes(size), self.replicas
         r = aredis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30)
         n = 0
+        hist = LatencyHistogram()  # one sample per pipeline: its first message's wait
         t0 = time.perf_counter()
         try:
             while time.perf_counter() - t0 < seconds and n < 5_000_000:
+                s = time.perf_counter()
                 pipe = r.pipeline(transaction=False)
                 for _ in range(depth):
                     pipe.xadd(STREAM, {"f": payload})
                 pipe.execute_command("WAIT", replicas, 0)
                 await pipe.execute()
+                hist.record(time.perf_counter() - s)
                 n += depth
             elapsed = time.perf_counter() - t0
             await r.delete(STREAM)
         finally:
             await r.aclose()
-        return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / 1e6, "n": n, "errors": 0}
+        return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / 1e6, "n": n,
+                **hist.summary(), "errors": 0}

@@ -26,6 +26,8 @@ import redis.asyncio as aredis
 
 from tools.services import Service, ServiceError, free_port
 
+from .latency import LatencyHistogram
+
 __all__ = ["BenchRedis", "xadd_sync", "xadd_pipelined", "xadd_concurrent", "measure_redis"]
 
 MB = 1e6
@@ -63,12 +65,11 @@ class BenchRedis(Service):
             return str(r.info("server").get("redis_version", "?"))
 
 
-def _result(n: int, size: int, elapsed: float, lat: list[float] | None = None) -> dict[str, float]:
+def _result(n: int, size: int, elapsed: float,
+            hist: LatencyHistogram | None = None) -> dict[str, float]:
     out = {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n}
-    if lat:
-        lat.sort()
-        out["p50_ms"] = lat[len(lat) // 2] * 1e3
-        out["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
+    if hist is not None and hist.n:
+        out.update(hist.summary())
     return out
 
 
@@ -80,7 +81,7 @@ def xadd_sync(r: redis.Redis, size: int, *, seconds: float, max_bytes: int = 1 <
               max_ops: int = 1_000_000) -> dict[str, float]:
     payload = b"x" * size
     limit = _limit(size, max_bytes, max_ops)
-    lat: list[float] = []
+    hist = LatencyHistogram()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     n = 0
@@ -88,11 +89,11 @@ def xadd_sync(r: redis.Redis, size: int, *, seconds: float, max_bytes: int = 1 <
         s = time.perf_counter()
         r.xadd(STREAM, {"f": payload})
         e = time.perf_counter()
-        lat.append(e - s)
+        hist.record(e - s)
         n += 1
         if e >= deadline:
             break
-    out = _result(n, size, time.perf_counter() - t0, lat)
+    out = _result(n, size, time.perf_counter() - t0, hist)
     r.delete(STREAM)
     return out
 
@@ -105,14 +106,17 @@ def xadd_pipelined(r: redis.Redis, size: int, *, seconds: float, depth: int = 10
     t0 = time.perf_counter()
     deadline = t0 + seconds
     n = 0
+    hist = LatencyHistogram()  # one sample per pipeline: its first message's wait
     while n < limit and time.perf_counter() < deadline:
+        s = time.perf_counter()
         pipe = r.pipeline(transaction=False)
         k = min(depth, limit - n)
         for _ in range(k):
             pipe.xadd(STREAM, {"f": payload})
         pipe.execute()
+        hist.record(time.perf_counter() - s)
         n += k
-    out = _result(n, size, time.perf_counter() - t0)
+    out = _result(n, size, time.perf_counter() - t0, hist)
     out["depth"] = depth
     r.delete(STREAM)
     return out
@@ -123,7 +127,7 @@ async def _concurrent(port: int, size: int, tasks: int, seconds: float, limit: i
                                          timeout=30)
     r = aredis.Redis(connection_pool=pool)
     payload = b"x" * size
-    lat: list[float] = []
+    hist = LatencyHistogram()
     count = 0
     deadline = time.perf_counter() + seconds
 
@@ -133,11 +137,11 @@ async def _concurrent(port: int, size: int, tasks: int, seconds: float, limit: i
             count += 1
             s = time.perf_counter()
             await r.xadd(STREAM, {"f": payload})
-            lat.append(time.perf_counter() - s)
+            hist.record(time.perf_counter() - s)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(tasks)))
-    out = _result(len(lat), size, time.perf_counter() - t0, lat)
+    out = _result(hist.n, size, time.perf_counter() - t0, hist)
     await r.delete(STREAM)
     await r.aclose()
     await pool.aclose()
@@ -168,6 +172,7 @@ def measure_redis(sizes: tuple[int, ...], concurrency: tuple[int, ...], *, secon
                 res = xadd_pipelined(r, size, seconds=seconds)
                 out[f"redis_{name}_pipe_ops"] = res["ops_per_s"]
                 out[f"redis_{name}_pipe_mbps"] = res["mbps"]
+                out[f"redis_{name}_pipe_p99_ms"] = res["p99_ms"]
                 if progress:
                     progress(f"redis {name} sync/pipelined")
                 for c in concurrency:

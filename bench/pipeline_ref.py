@@ -29,6 +29,8 @@ import time
 from collections import deque
 from typing import Any
 
+from .latency import LatencyHistogram
+
 __all__ = ["PipelineRef", "ref_case"]
 
 MB = 1e6
@@ -208,7 +210,8 @@ async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: fl
     payload = bytes(size)
     frame = _U32.pack(size) + payload
     limit = max(concurrency, min(max_ops, max_bytes // size))
-    lat: list[float] = []
+    hist = LatencyHistogram()
+    record = hist.record
     started = 0
     conns = []
     for i in range(concurrency):
@@ -225,7 +228,7 @@ async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: fl
             s = time.perf_counter()
             w.write(frame)
             await r.readexactly(8)
-            lat.append(time.perf_counter() - s)
+            record(time.perf_counter() - s)
 
     t0 = time.perf_counter()
     try:
@@ -234,11 +237,8 @@ async def ref_case(ref: PipelineRef, size: int, concurrency: int, *, seconds: fl
         elapsed = time.perf_counter() - t0
         for _, w in conns:
             w.close()
-    lat.sort()
-    n = len(lat)
-    pct = (lambda q: lat[min(n - 1, int(n * q))] * 1e3) if n else (lambda q: float("nan"))
-    return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n,
-            "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
+    n = hist.n
+    return {"ops_per_s": n / elapsed, "mbps": n * size / elapsed / MB, "n": n, **hist.summary()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,6 +82,7 @@ async def _repetition(rep: int, client: Client, ref: PipelineRef, nats: NatsDriv
             res = await run()
             fig[f"{name}_{case}_ops"] = res["ops_per_s"]
             fig[f"{name}_{case}_mbps"] = res["mbps"]
+            _latency(fig, f"{name}_{case}", res)
             if res.get("errors"):
                 fig[f"{name}_{case}_errors"] = res["errors"]
         say(f"rep {rep + 1} {case}: quire {fig[f'quire_{case}_ops']:,.0f}/s, "
@@ -93,7 +94,9 @@ async def _repetition(rep: int, client: Client, ref: PipelineRef, nats: NatsDriv
         ("pipeline", lambda: ref_case(ref, 1 << 10, 64, seconds=seconds, journals=MULTI)),
     ]
     for name, run in multi_runs[rep % 2:] + multi_runs[:rep % 2]:
-        fig[f"{name}_{case}_ops"] = (await run())["ops_per_s"]
+        res = await run()
+        fig[f"{name}_{case}_ops"] = res["ops_per_s"]
+        _latency(fig, f"{name}_{case}", res)
     batched = [
         ("quire", lambda: message_rate(client, "bench/messages", seconds=seconds, size=BATCH_SIZE)),
         ("nats", lambda: nats.batched(BATCH_SIZE, 1000, seconds)),
@@ -107,10 +110,19 @@ async def _repetition(rep: int, client: Client, ref: PipelineRef, nats: NatsDriv
     for name, run in batched[k:] + batched[:k]:
         res = await run()
         fig[f"{name}_batched_100b_ops"] = res.get("msgs_per_s", res.get("ops_per_s", 0.0))
+        _latency(fig, f"{name}_batched_100b", res)
     say(f"rep {rep + 1} batched 100 B: quire {fig['quire_batched_100b_ops']:,.0f}/s, "
         f"NATS {fig['nats_batched_100b_ops']:,.0f}/s, Redis+WAIT {fig['redis_wait_batched_100b_ops']:,.0f}/s, "
         f"Redis pipelined {fig['redis_pipe_batched_100b_ops']:,.0f}/s")
     return fig
+
+
+def _latency(fig: dict[str, float], key: str, res: dict[str, Any]) -> None:
+    """`<key>_p50_ms`, `<key>_p99_ms`: client-side, send to acknowledgement (bench/latency.py)."""
+    for q in ("p50_ms", "p99_ms"):
+        v = res.get(q)
+        if isinstance(v, float) and v == v:  # NaN: no acknowledged operation
+            fig[f"{key}_{q}"] = v
 
 
 def ratios(fig: dict[str, float]) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ssl
 
 from .errors import ValidationError
+from .ktls import ktls_status
 
 __all__ = ["TLSRefused", "cert_not_after", "client_context", "handshake_refusal",
            "server_context", "settings_client_ssl"]
@@ -47,7 +48,15 @@ def server_context(cert: str, key: str, ca: str | None = None,
         if not ca:
             raise ValidationError("tls_ca", "client certificate auth needs a CA bundle")
         ctx.verify_mode = ssl.CERT_REQUIRED
+    _enable_ktls(ctx)
     return ctx
+
+
+def _enable_ktls(ctx: ssl.SSLContext) -> None:
+    """Ask OpenSSL for kernel TLS where kernel and Python both offer it (protocol/ktls.py);
+    it applies to TLS over plain sockets, not to asyncio's memory BIOs."""
+    if ktls_status().usable:
+        ctx.options |= ssl.OP_ENABLE_KTLS  # type: ignore[attr-defined]  # Python ≥ 3.12
 
 
 def client_context(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
@@ -61,6 +70,7 @@ def client_context(ca: str, cert: str | None = None, key: str | None = None) -> 
     except (OSError, ssl.SSLError) as exc:
         raise ValidationError("tls_ca", f"cannot load {ca}: {exc}") from None
     ctx.presents_cert = bool(cert)  # type: ignore[attr-defined]  # for handshake_refusal
+    _enable_ktls(ctx)
     return ctx
 
 

@@ -25,7 +25,8 @@ from typing import Any
 __all__ = [
     "CoordinatorFacts", "Finding", "JobFacts", "JournalFacts", "Level", "LocalFacts", "Proc",
     "backlog_findings", "cert_findings", "clock_findings", "coordinator_findings",
-    "exit_ok", "job_findings", "leftover_findings", "queue_findings", "route_findings",
+    "exit_ok", "job_findings", "ktls_finding", "leftover_findings", "queue_findings",
+    "route_findings",
     "service_finding", "store_findings", "worker_findings",
 ]
 
@@ -314,7 +315,15 @@ def job_findings(jobs: Sequence[JobFacts], *, now: float, grace: float) -> list[
     return out
 
 
-# -- certificates, clocks ------------------------------------------------------------------
+# -- certificates, clocks, kernel TLS ------------------------------------------------------
+
+def ktls_finding(usable: bool, line: str) -> Finding:
+    """Whether TLS could use the kernel's record layer here (protocol/ktls.py's line):
+    informational, never a failure — the memory-BIO path serves TLS without it."""
+    return Finding("ktls", Level.OK, "kernel TLS", line,
+                   "" if usable else "optional: `modprobe tls`, and Python ≥ 3.12 with an "
+                                     "OpenSSL 3 built with enable-ktls")
+
 
 def cert_findings(certs: Mapping[str, float | str], *, now: float, warn_days: float = 30,
                   fail_days: float = 7) -> list[Finding]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.config import Settings
+from protocol.ktls import ktls_status
 from tools.doctor_checks import (
     CoordinatorFacts,
     Finding,
@@ -30,6 +31,7 @@ from tools.doctor_checks import (
     clock_findings,
     coordinator_findings,
     job_findings,
+    ktls_finding,
     leftover_findings,
     queue_findings,
     route_findings,
@@ -336,4 +338,6 @@ def gather(s: Settings, data_dir: str | os.PathLike[str], limits: Limits,
     findings += cluster[:1] + redis_findings + cluster[1:]
     findings += cert_findings(_certs(_cert_paths(s, data)), now=now())
     findings += clock_findings({**offsets, **coordinator_offsets}, max_skew=limits.max_skew)
+    status = ktls_status()
+    findings.append(ktls_finding(status.usable, status.line()))
     return findings

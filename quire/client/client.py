@@ -54,6 +54,7 @@ from protocol import (
 from protocol.credentials import TokenFile, TokenSource
 from protocol.discovery import effective_env
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
+from protocol.stream import ConnectionClosed
 from protocol.wire import MAX_CHUNK, FrameTemplate, encode_frame
 
 from .body import AppendData, Body
@@ -69,6 +70,8 @@ from .routes import RouteCache
 _CHUNK = FrameTemplate(AppendChunk())
 _COMMIT = encode_frame(AppendCommit())
 """An AppendCommit frame is always the same bytes."""
+_COMMIT_BYTES = b"".join(_COMMIT)
+_FOREVER = float("inf")
 _WHOLE = Body(b"")
 """Stands for the Body of a whole append (its bytes are re-sent as they are)."""
 
@@ -131,8 +134,9 @@ class Client(MetadataCalls):
         self.retry_timeout = retry_timeout
         self._valid_names: set[str] = set()
         """Journal names already validated (appends skip the check; bounded)."""
-        self._plain_requests: dict[str, tuple[AppendRequest, list[bytes | memoryview]]] = {}
-        """Per journal, the AppendRequest of a plain append and its encoded frame."""
+        self._plain_requests: dict[str, list[Any]] = {}
+        """Per journal, [the AppendRequest of a plain append, its encoded frame, the size
+        of the last whole append, that frame + the header of a chunk of that size]."""
 
     @property
     def endpoints(self) -> list[str]:
@@ -168,17 +172,21 @@ class Client(MetadataCalls):
             if len(self._valid_names) >= 4096:
                 self._valid_names.clear()
             self._valid_names.add(journal)
-        if isinstance(check_registers, str):
+        if check_registers is not None and isinstance(check_registers, str):
             check_registers = parse_selector(check_registers)
         plain = (not offset and check_registers is None and union_registers is None
                  and subtract_registers is None and suspend == "resume" and txn is None
                  and not roll_below)
-        known = self.routes.revision(journal)
+        # One clock reading and one route lookup for the first attempt (the deadline,
+        # the endpoint, the primary it expects, the revision it names, the watchdog).
+        now = time.monotonic()
+        endpoint, primary, known = self.routes.append_target(journal, now)
         cached = self._plain_requests.get(journal) if plain else None
         if cached is not None and cached[0].min_etcd_revision == self.applied_revision \
                 and cached[0].route_revision == known:
-            request, encoded = cached  # a plain append's request is encoded once per journal
+            request, encoded = cached[0], cached[1]  # encoded once per journal
         else:
+            cached = None
             request, encoded = AppendRequest(journal=journal, offset=offset, check_registers=check_registers,
                                     union_registers=union_registers,
                                     subtract_registers=subtract_registers, suspend=suspend,
@@ -189,15 +197,25 @@ class Client(MetadataCalls):
                 if len(self._plain_requests) >= 4096:
                     self._plain_requests.clear()
                 encoded = encode_frame(request)
-                self._plain_requests[journal] = (request, encoded)
+                cached = [request, encoded, 0, b""]
+                self._plain_requests[journal] = cached
         # Safe to re-send after an unknown outcome: an explicit offset cannot land
         # twice, nor can an identified transaction (the primary deduplicates it).
         resendable = offset != 0 or txn is not None
         # Bytes of at most one chunk (the common case) go whole, in one send; anything
         # else is streamed from a Body.
-        whole = data if type(data) is bytes and 0 < len(data) <= MAX_CHUNK else None
+        size = len(data) if type(data) is bytes else 0
+        whole = data if 0 < size <= MAX_CHUNK else None
         body = Body(data) if whole is None else _WHOLE
-        deadline = time.monotonic() + (self.retry_timeout if retry_timeout is None else retry_timeout)
+        frames = None
+        if whole is not None and cached is not None:
+            # A plain append's frames: [request + the chunk's header, data, commit], the
+            # first kept per journal for the last size appended (appends of one size
+            # are the common case: one frame encoded per journal, not per append).
+            if cached[2] != size:
+                cached[2], cached[3] = size, b"".join(encoded + _CHUNK.encode(whole)[:1])
+            frames = [cached[3], whole, _COMMIT_BYTES]
+        deadline = now + (self.retry_timeout if retry_timeout is None else retry_timeout)
         attempt = 0
         # Why an earlier attempt's outcome is unknown (its commit was sent). Once set, no
         # later failure may be reported as definite: that attempt may have landed.
@@ -207,14 +225,13 @@ class Client(MetadataCalls):
         # as freely.
         grace = 0.0 if txn is not None else REROUTE_GRACE
         while True:
-            endpoint = self.routes.for_append(journal)
             # The primary this attempt expects to answer ("": a proxy's choice).
-            expect = endpoint if self.routes.primary(journal) == endpoint else ""
+            expect = endpoint if primary == endpoint else ""
             rerouted = False
             try:
                 if whole is not None:
                     response = await self._append_whole(endpoint, encoded or encode_frame(request),
-                                                        whole, journal, expect, grace)
+                                                        whole, journal, expect, grace, now, frames)
                 else:
                     response = await self._append_once(endpoint, request, body, encoded,
                                                        journal=journal, expect=expect, grace=grace)
@@ -269,6 +286,8 @@ class Client(MetadataCalls):
             if not rerouted:
                 await asyncio.sleep(min(backoff(attempt), max(0.0, deadline - time.monotonic())))
                 attempt += 1
+            endpoint, primary = self.routes.for_append(journal), self.routes.primary(journal)
+            now = 0.0  # the next attempt reads the clock itself
 
     async def _append_once(self, endpoint: str, request: AppendRequest, body: Body,
                            encoded: list[bytes | memoryview] | None = None, *, journal: str = "",
@@ -321,38 +340,54 @@ class Client(MetadataCalls):
 
     async def _append_whole(self, endpoint: str, request: list[bytes | memoryview],
                             data: bytes | memoryview, journal: str = "", expect: str = "",
-                            grace: float = 0.0) -> AppendResponse:
+                            grace: float = 0.0, now: float = 0.0,
+                            frames: list[bytes | memoryview] | None = None) -> AppendResponse:
         """An append whose content is at most one chunk of bytes: request, chunk and
         commit leave in one send, and the answer is read inline — no task, no drain, no
         timer (the pool's watchdog bounds the wait by rpc_timeout). Nothing here waits
         on the socket's send buffer (the transport holds at most this one chunk), so a
         broker that answers early, before reading our stream, cannot block us: its
         answer is read as any other. The commit is queued with the rest, so a failure
-        after that is ambiguous (as after a commit in `_append_once`)."""
+        after that is ambiguous (as after a commit in `_append_once`).
+
+        `frames`: request, chunk and commit already encoded, if the caller has them.
+        `now`: the caller's monotonic clock reading, used as the send time if a pooled
+        connection is at hand. The small-append path counts its Python-level calls
+        (bench/calls.py), so it reads the answer from the stream itself (no
+        coroutine level of the Connection's between) and lets the pool do send + watch
+        and unwatch + release in one call each."""
         pool = self.pool
-        frames = request + _CHUNK.encode(data) + _COMMIT if data else request + _COMMIT
-        conn = pool.take(endpoint) or await pool.acquire(endpoint)
+        if frames is None:
+            frames = request + _CHUNK.encode(data) + _COMMIT if data else request + _COMMIT
+        conn = pool.take(endpoint)
+        if conn is None:
+            conn = await pool.acquire(endpoint)
+            now = 0.0  # (opening it took time: the RPC's clock starts at the send)
         try:
-            conn.send_encoded(frames)
             # (rpc_timeout None: as long as it takes, as conn.read(None), but rerouted.)
-            pool.watch(conn, self.rpc_timeout or float("inf"), journal, expect, grace)
-            frame = await conn.answer()
-            if not isinstance(frame.message, AppendResponse):
-                raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
-            if frame.message.status != Status.OK:
+            pool.send_watched(conn, frames, self.rpc_timeout or _FOREVER, journal, expect,
+                              grace, now)
+            try:
+                frame = await conn.stream.read()
+            except ConnectionClosed as exc:  # (the watchdog may have closed it)
+                raise conn.lost(exc, conn.timed_out) from exc
+            message = frame.message
+            if type(message) is not AppendResponse and not isinstance(message, AppendResponse):
+                conn.checked(frame)  # the peer's ErrorFrame: its typed StatusError
+                raise ProtocolError(f"{endpoint} answered an append with {type(message).__name__}")
+            if message.status != Status.OK:
                 # The broker may have answered before reading our whole stream (then it
                 # closes): the connection is not known to be on a frame boundary.
                 conn.broken = True
-            return frame.message
-        except Unavailable as exc:
+            return message
+        except Unavailable as unavailable:  # (its own name: mypyc types `exc` by the first clause)
             conn.abort()
-            raise _Ambiguous(exc) from exc
+            raise _Ambiguous(unavailable) from unavailable
         except BaseException:
             conn.abort()
             raise
         finally:
-            pool.unwatch(conn)
-            pool.release(conn)
+            pool.finish(conn)
 
     @staticmethod
     async def _drain_or_answer(conn: Connection, answer: asyncio.Future[Any]) -> bool:

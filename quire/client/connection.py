@@ -86,14 +86,6 @@ class Connection:
         conn.expires = expires
         return conn
 
-    @property
-    def stale(self) -> bool:
-        # The peer closed an idle connection (coordinator restart, idle timeout): the
-        # reader has already seen EOF. Detecting it here keeps a dead pooled connection
-        # from turning a safe append into an ambiguous one.
-        return (self.broken or self.stream.at_eof() or self.stream.is_closing()
-                or (self.expires is not None and self.expires <= time.time() + 1.0))
-
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
         try:
             await self.stream.send(message, payload)
@@ -105,14 +97,6 @@ class Connection:
         """Queue a frame without draining (the caller drains)."""
         try:
             self.stream.write(message, payload)
-        except (ConnectionError, OSError, RuntimeError) as exc:
-            self.broken = True
-            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
-
-    def send_encoded(self, bufs: list[bytes | memoryview]) -> None:
-        """Send frames already made by `encode_frame` now, in one writelines."""
-        try:
-            self.stream.send_encoded(bufs)
         except (ConnectionError, OSError, RuntimeError) as exc:
             self.broken = True
             raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
@@ -135,27 +119,18 @@ class Connection:
                 async with asyncio.timeout(timeout):
                     frame = await self.stream.read()
         except ConnectionClosed as exc:
-            raise self._lost(exc, self.timed_out) from exc  # (the watchdog may have closed it)
+            raise self.lost(exc, self.timed_out) from exc  # (the watchdog may have closed it)
         except asyncio.TimeoutError as expired:
-            raise self._lost(expired, timeout) from expired
+            raise self.lost(expired, timeout) from expired
         except ProtocolError:
             self.broken = True
             raise
-        return self._checked(frame)
+        return self.checked(frame)
 
-    async def answer(self) -> Frame:
-        """The next frame of a watched RPC (ConnectionPool.watch bounds it, no timer):
-        as read(), and Unavailable if the watchdog closed the connection."""
-        try:
-            frame = await self.stream.read()
-        except ConnectionClosed as exc:
-            raise self._lost(exc, self.timed_out) from exc
-        except ProtocolError:
-            self.broken = True
-            raise
-        return self._checked(frame)
-
-    def _lost(self, exc: BaseException, timed_out: float | None = 0.0) -> Unavailable:
+    def lost(self, exc: BaseException, timed_out: float | None = 0.0) -> Unavailable:
+        """The Unavailable (or Rerouted) to raise for a read that found it closed; a watched
+        RPC (ConnectionPool.watch, no timer) passes `timed_out`, set if the watchdog
+        closed it (Client._append_whole reads its answer so)."""
         self.broken = True
         if self.rerouted:
             return Rerouted(f"{self.endpoint} did not answer for {time.monotonic() - self.since:.1f}s "
@@ -164,7 +139,7 @@ class Connection:
             return Unavailable(f"{self.endpoint} did not answer within {timed_out:g}s")
         return Unavailable(f"connection to {self.endpoint} closed: {exc}")
 
-    def _checked(self, frame: Frame) -> Frame:
+    def checked(self, frame: Frame) -> Frame:
         """`frame`, unless it is the peer's ErrorFrame: then its typed StatusError."""
         if isinstance(frame.message, ErrorFrame):
             self.broken = True
@@ -217,7 +192,12 @@ class ConnectionPool:
         idle = self._idle.get(endpoint)
         while idle:
             conn = idle.pop()
-            if not conn.stale:
+            # Not stale: the peer closed an idle connection (coordinator restart, idle
+            # timeout) and the reader has already seen EOF, or its token expires (the
+            # coordinator would refuse it). Detecting it here keeps a dead pooled
+            # connection from turning a safe append into an ambiguous one.
+            if not (conn.broken or conn.stream.at_eof() or conn.stream.is_closing()
+                    or (conn.expires is not None and conn.expires <= time.time() + 1.0)):
                 return conn
             conn.abort()
         return None
@@ -235,14 +215,32 @@ class ConnectionPool:
         """Bound the RPC `conn` is about to wait on by `timeout`: one watchdog task per
         pool, waking every WATCH_PERIOD (or a quarter of the shortest timeout) while
         any RPC is watched, closes a connection whose answer is overdue — its read then
-        raises Unavailable (Connection.answer). No timer handle per RPC: a timeout
+        raises Unavailable (Connection.lost). No timer handle per RPC: a timeout
         fires between `timeout` and `timeout` + the period.
 
         An append names its `journal`, the primary it `expect`s to answer ("" when sent
         to a proxy) and its `grace`: if it stalls and the journal moves, the rerouter
         closes it sooner, and its read raises Rerouted (reroute.py)."""
+        self.send_watched(conn, None, timeout, journal, expect, grace)
+
+    def unwatch(self, conn: Connection) -> None:
+        self._watched.pop(conn, None)
+
+    def send_watched(self, conn: Connection, frames: list[bytes | memoryview] | None,
+                     timeout: float, journal: str = "", expect: str = "", grace: float = 0.0,
+                     now: float = 0.0) -> None:
+        """`conn.send_encoded(frames)` (if any), then watch(conn, timeout, journal, expect,
+        grace), in one call: the small-append path's (bench/calls.py counts its calls).
+        `now`: the caller's monotonic clock reading, if it has a fresh one."""
+        if frames is not None:
+            try:
+                conn.stream.send_encoded(frames)
+            except (ConnectionError, OSError, RuntimeError) as exc:
+                conn.broken = True
+                raise Unavailable(f"connection to {conn.endpoint} lost while sending: {exc}") from exc
         self._watched[conn] = timeout
-        now = time.monotonic()
+        if not now:
+            now = time.monotonic()
         conn.deadline = now + timeout
         conn.journal, conn.since, conn.expect, conn.grace = journal, now, expect, grace
         conn.moved_to = ""
@@ -251,8 +249,19 @@ class ConnectionPool:
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
-    def unwatch(self, conn: Connection) -> None:
+    def finish(self, conn: Connection) -> None:
+        """`unwatch(conn)` then `release(conn)`, in one call (the small-append path's)."""
         self._watched.pop(conn, None)
+        if conn.broken or self._closed:
+            conn.abort()
+            return
+        idle = self._idle.get(conn.endpoint)
+        if idle is None:
+            self._idle[conn.endpoint] = [conn]
+        elif len(idle) >= self.max_idle:
+            conn.abort()
+        else:
+            idle.append(conn)
 
     async def _watch(self) -> None:
         try:
@@ -271,14 +280,8 @@ class ConnectionPool:
             self._watchdog = None
 
     def release(self, conn: Connection) -> None:
-        if conn.broken or self._closed:
-            conn.abort()
-            return
-        idle = self._idle.setdefault(conn.endpoint, [])
-        if len(idle) >= self.max_idle:
-            conn.abort()
-        else:
-            idle.append(conn)
+        """Pool `conn` for the next RPC (unless it is broken or the pool is full)."""
+        self.finish(conn)
 
     def lease(self, endpoint: str) -> Lease:
         """A connection for one RPC (`async with pool.lease(endpoint) as conn`). It returns

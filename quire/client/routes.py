@@ -126,6 +126,17 @@ class RouteCache:
             return route.primary_endpoint
         return self.seed()
 
+    def append_target(self, journal: str, now: float) -> tuple[str, str | None, int]:
+        """(for_append, primary, revision) of `journal` at monotonic time `now`, in one
+        lookup: the append path asks all three for each append, and three lookups cost it
+        six Python-level calls more than one (bench/calls.py)."""
+        entry = self._routes.get(journal)
+        if entry is not None:
+            primary, age = entry[2], now - entry[1]
+            if primary and age <= self.ttl and (not self._down or not self._is_down(primary)):
+                return primary, primary, entry[3] if age < self.ttl / 2 else 0
+        return self.for_append(journal), self.primary(journal), self.revision(journal)
+
     def for_read(self, journal: str) -> str:
         route = self.get(journal)
         if route is not None:

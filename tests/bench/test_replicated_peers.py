@@ -25,6 +25,8 @@ def test_redis_with_two_replicas_acknowledges_after_wait(tmp_path: Path) -> None
             assert r.info("replication")["role"] == "slave"
     assert one["n"] > 0 and one["errors"] == 0
     assert batched["n"] >= 50 and batched["errors"] == 0
+    for res in (one, batched):  # send → acknowledgement at the client, both shapes
+        assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
 
 
 @pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server: `make bench` installs it")
@@ -42,6 +44,8 @@ def test_nats_jetstream_r3_acknowledges_every_publish(tmp_path: Path) -> None:
         one, batched = asyncio.run(drive(cluster.urls))
     assert one["n"] > 0 and one["errors"] == 0
     assert batched["n"] > 0 and batched["errors"] == 0
+    for res in (one, batched):
+        assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
 
 
 def test_ratios_and_their_spread() -> None:

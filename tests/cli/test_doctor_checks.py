@@ -112,3 +112,13 @@ def test_queues_without_a_consumer_and_workers_that_do_not_answer() -> None:
     assert names(found)[-1] == "worker-not-answering" and "pid 7" in found[-1].mend
     skipped = queue_findings("NoPermissionError", [w], jobs=False)
     assert exit_ok(skipped) and skipped[0].level is Level.WARN
+
+
+def test_ktls_is_reported_never_failed() -> None:
+    from tools.doctor_checks import ktls_finding
+
+    off = ktls_finding(False, "kTLS: unavailable (the kernel has no tls ULP)")
+    assert off.level is Level.OK and off.name == "ktls" and "modprobe tls" in off.mend
+    assert "unavailable" in off.message
+    on = ktls_finding(True, "kTLS: available (x)")
+    assert on.level is Level.OK and on.mend == ""
