@@ -204,8 +204,8 @@ class Client(MetadataCalls):
         resendable = offset != 0 or txn is not None
         # Bytes of at most one chunk (the common case) go whole, in one send; anything
         # else is streamed from a Body.
-        size = len(data) if type(data) is bytes else 0
-        whole = data if 0 < size <= MAX_CHUNK else None
+        whole = data if isinstance(data, bytes) and 0 < len(data) <= MAX_CHUNK else None
+        size = len(whole) if whole is not None else 0
         body = Body(data) if whole is None else _WHOLE
         frames = None
         if whole is not None and cached is not None:
