@@ -43,7 +43,7 @@ from .schedule import (
     ScheduleConfig,
     build_schedule,
 )
-from .writers import ProxiedRoutes, TracingClient, classify, tail, writer
+from .writers import classify, proxied_routes, tail, trace_attempt, writer
 
 __all__ = ["ChaosConfig", "classify", "run_chaos"]
 
@@ -243,10 +243,11 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
         # waits on TCP retransmissions. The client abandons it once another coordinator
         # names a new primary (quire/client/reroute.py) and re-sends it there
         # (identified: deduplicated); lease TTL + 1 s per attempt stays as a backstop.
-        writer_client = TracingClient(_client_endpoints(run), retry_timeout=10.0,
-                                      rpc_timeout=cfg.lease_ttl + 1.0 if cfg.hosts else 60.0)
+        writer_client = Client(_client_endpoints(run), retry_timeout=10.0,
+                               rpc_timeout=cfg.lease_ttl + 1.0 if cfg.hosts else 60.0)
+        writer_client.on_attempt = trace_attempt
         if run.links.client:
-            writer_client.routes = ProxiedRoutes(writer_client.endpoints, _mapping(run))
+            writer_client.routes = proxied_routes(writer_client.endpoints, _mapping(run))
 
         async def lookup(journal: str) -> tuple[str | None, list[str]]:
             assert admin is not None
@@ -276,7 +277,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
             nemesis.run([e for e in schedule if e.kind in CONSUMER_KINDS], stop)))
         tail_client = Client(_client_endpoints(run), retry_timeout=10.0)
         if run.links.client:
-            tail_client.routes = ProxiedRoutes(tail_client.endpoints, _mapping(run))
+            tail_client.routes = proxied_routes(tail_client.endpoints, _mapping(run))
         tail_spans: dict[str, list[tuple[int, bytes]]] = {j: [] for j in run.journals}
         tail_errors: list[str] = []
         tails = [asyncio.ensure_future(tail(tail_client, j, tail_spans[j], tail_errors))

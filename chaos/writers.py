@@ -13,52 +13,35 @@ from typing import Any
 
 import msgspec
 
-from protocol import Header, StatusError
+from protocol import AppendResponse, StatusError
 from protocol.errors import CommitUnknown, Unavailable
 from quire.client import Client, Producer
 from quire.client.routes import RouteCache
 
 from .history import DEFINITE_STATUSES, make_record
 
-__all__ = ["ProxiedRoutes", "TracingClient", "classify", "tail", "writer"]
+__all__ = ["classify", "proxied_routes", "tail", "trace_attempt", "writer"]
 
 
-class ProxiedRoutes(RouteCache):
-    """A RouteCache that sends every learned endpoint through its client proxy."""
-
-    def __init__(self, seeds: list[str], mapping: dict[str, str]) -> None:
-        super().__init__(seeds)
-        self.mapping = mapping
-
-    def update(self, journal: str, header: Header | None) -> None:
-        if header is not None and header.route.endpoints:
-            route = msgspec.structs.replace(header.route, endpoints=tuple(
-                self.mapping.get(e, e) for e in header.route.endpoints))
-            header = msgspec.structs.replace(header, route=route)
-        super().update(journal, header)
+def proxied_routes(seeds: list[str], mapping: dict[str, str]) -> RouteCache:
+    """A route cache that sends every learned endpoint through its client proxy."""
+    return RouteCache(seeds, rewrite=mapping)
 
 
 _attempts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attempts", default=None)
 
 
-class TracingClient(Client):
-    """Records the outcome of every attempt of an append (the client retries inside
-    `append`), so a duplicate can be traced to the answer that made it retry."""
-
-    async def _append_once(self, endpoint, *args, **kwargs):  # type: ignore[no-untyped-def]
-        # Everything after the endpoint is passed through as given: the client's own
-        # signature changes (it gained `encoded`), and an override that dropped an
-        # argument failed every append of the run.
-        log_ = _attempts.get()
-        try:
-            response = await super()._append_once(endpoint, *args, **kwargs)
-        except BaseException as exc:
-            if log_ is not None:
-                log_.append(f"{endpoint}: {type(exc).__name__}: {exc}"[:200])
-            raise
-        if log_ is not None:
-            log_.append(f"{endpoint}: {response.status.name}")
-        return response
+def trace_attempt(endpoint: str, outcome: AppendResponse | BaseException) -> None:
+    """Client.on_attempt of the writers' client: records the outcome of every attempt of
+    the append in progress (the client retries inside `append`), so a duplicate can be
+    traced to the answer that made it retry."""
+    log_ = _attempts.get()
+    if log_ is None:
+        return
+    if isinstance(outcome, BaseException):
+        log_.append(f"{endpoint}: {type(outcome).__name__}: {outcome}"[:200])
+    else:
+        log_.append(f"{endpoint}: {outcome.status.name}")
 
 
 def classify(exc: BaseException) -> str:

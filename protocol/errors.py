@@ -15,7 +15,7 @@ the edge, before anything is written.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .status import Status
 
@@ -166,6 +166,17 @@ else:
 """The append's commit was sent but its outcome is unknown: it may or may not have
 landed (an indefinite failure). Raised for a COMMIT_UNKNOWN answer and by the client
 when the connection is lost or times out after it sent the commit."""
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def caused(err: _E, cause: BaseException | None) -> _E:
+    """`err` with `cause` as its `__cause__`: what `raise err from cause` does, for the
+    modules mypyc compiles (protocol/native.py), where `raise ... from` drops the cause
+    (mypy 2.4's mypyc; tests/protocol/test_native.py keeps `from` out of them)."""
+    err.__cause__ = cause
+    return err
 
 
 def for_status(status: Status) -> type[StatusError]:

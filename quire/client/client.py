@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import time
 from ssl import SSLContext
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from protocol import (
@@ -53,7 +53,7 @@ from protocol import (
 )
 from protocol.credentials import TokenFile, TokenSource
 from protocol.discovery import effective_env
-from protocol.errors import CommitUnknown, ProtocolError, Unavailable, for_status
+from protocol.errors import CommitUnknown, ProtocolError, Unavailable, caused, for_status
 from protocol.stream import ConnectionClosed
 from protocol.wire import MAX_CHUNK, FrameTemplate, encode_frame
 
@@ -134,6 +134,10 @@ class Client(MetadataCalls):
         self.retry_timeout = retry_timeout
         self._valid_names: set[str] = set()
         """Journal names already validated (appends skip the check; bounded)."""
+        self.on_attempt: Callable[[str, AppendResponse | BaseException], None] | None = None
+        """Called with (endpoint, its answer or its failure) after every attempt of an
+        append (the client retries inside `append`): `quire chaos` traces a duplicate
+        to the answer that made it retry."""
         self._plain_requests: dict[str, list[Any]] = {}
         """Per journal, [the AppendRequest of a plain append, its encoded frame, the size
         of the last whole append, that frame + the header of a chunk of that size]."""
@@ -236,6 +240,8 @@ class Client(MetadataCalls):
                     response = await self._append_once(endpoint, request, body, encoded,
                                                        journal=journal, expect=expect, grace=grace)
             except _Ambiguous as exc:
+                if self.on_attempt is not None:
+                    self.on_attempt(endpoint, exc.cause)
                 # Rerouted: the endpoint did not fail us, the journal left it (the route
                 # cache already has where it went): no mark-down, no back-off.
                 rerouted = isinstance(exc.cause, Rerouted)
@@ -244,17 +250,26 @@ class Client(MetadataCalls):
                 unknown = unknown or f"the commit was sent, then {reason(exc.cause)}"
                 # Re-sending at the same explicit offset cannot land twice.
                 if not resendable or not body.rewind() or time.monotonic() >= deadline:
-                    raise _commit_unknown(journal, offset, unknown, txn=txn) from exc.cause
+                    raise caused(_commit_unknown(journal, offset, unknown, txn=txn), exc.cause)
             except Unavailable as failed:
+                if self.on_attempt is not None:
+                    self.on_attempt(endpoint, failed)
                 rerouted = isinstance(failed, Rerouted)
                 if not rerouted:
                     self.routes.mark_down(endpoint)
                 if not body.rewind() or time.monotonic() >= deadline:
                     if unknown:
-                        raise _commit_unknown(journal, offset, unknown,
-                                              f"a retry failed: {reason(failed)}", txn=txn) from failed
-                    raise Unavailable(reason(failed), journal=journal) from failed
+                        raise caused(_commit_unknown(journal, offset, unknown,
+                                                     f"a retry failed: {reason(failed)}", txn=txn),
+                                     failed)
+                    raise caused(Unavailable(reason(failed), journal=journal), failed)
+            except BaseException as other:
+                if self.on_attempt is not None:
+                    self.on_attempt(endpoint, other)
+                raise
             else:
+                if self.on_attempt is not None:
+                    self.on_attempt(endpoint, response)
                 status = response.status
                 if status == Status.OK:
                     if response.header is not None:  # (None: our route is current)
@@ -321,7 +336,7 @@ class Client(MetadataCalls):
                 frame = await answer
             except Unavailable as exc:
                 if committed:
-                    raise _Ambiguous(exc) from exc
+                    raise caused(_Ambiguous(exc), exc)
                 raise
             if not isinstance(frame.message, AppendResponse):
                 raise ProtocolError(f"{endpoint} answered an append with {type(frame.message).__name__}")
@@ -370,7 +385,7 @@ class Client(MetadataCalls):
             try:
                 frame = await conn.stream.read()
             except ConnectionClosed as exc:  # (the watchdog may have closed it)
-                raise conn.lost(exc, conn.timed_out) from exc
+                raise caused(conn.lost(exc, conn.timed_out), exc)
             message = frame.message
             if type(message) is not AppendResponse and not isinstance(message, AppendResponse):
                 conn.checked(frame)  # the peer's ErrorFrame: its typed StatusError
@@ -382,7 +397,7 @@ class Client(MetadataCalls):
             return message
         except Unavailable as unavailable:  # (its own name: mypyc types `exc` by the first clause)
             conn.abort()
-            raise _Ambiguous(unavailable) from unavailable
+            raise caused(_Ambiguous(unavailable), unavailable)
         except BaseException:
             conn.abort()
             raise

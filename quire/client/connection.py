@@ -16,7 +16,7 @@ from typing import Protocol
 
 from protocol import PROTOCOL_VERSION, ErrorFrame, Hello, HelloAck, Message
 from protocol.credentials import TokenSource, current_token, unverified_expiry
-from protocol.errors import ProtocolError, StatusError, Unavailable, for_status
+from protocol.errors import ProtocolError, StatusError, Unavailable, caused, for_status
 from protocol.status import Status
 from protocol.stream import ConnectionClosed, FrameStream
 from protocol.tls import handshake_refusal
@@ -65,8 +65,8 @@ class Connection:
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             refused = handshake_refusal(exc, ssl, at_hello=False)
             if refused is not None:  # the reason (with the variable to set) is the cause
-                raise Unavailable(f"cannot connect to {endpoint}: {refused}") from refused
-            raise Unavailable(f"cannot connect to {endpoint}: {exc or type(exc).__name__}") from exc
+                raise caused(Unavailable(f"cannot connect to {endpoint}: {refused}"), refused)
+            raise caused(Unavailable(f"cannot connect to {endpoint}: {exc or type(exc).__name__}"), exc)
         conn = cls(endpoint, stream)
         try:
             await asyncio.wait_for(stream.send(Hello(version=PROTOCOL_VERSION, token=token)), timeout)
@@ -75,8 +75,8 @@ class Connection:
             conn.abort()
             refused = handshake_refusal(failed, ssl, at_hello=True)
             if refused is not None:
-                raise Unavailable(f"hello to {endpoint} failed: {refused}") from refused
-            raise Unavailable(f"hello to {endpoint} failed: {failed or type(failed).__name__}") from failed
+                raise caused(Unavailable(f"hello to {endpoint} failed: {refused}"), refused)
+            raise caused(Unavailable(f"hello to {endpoint} failed: {failed or type(failed).__name__}"), failed)
         if isinstance(frame.message, ErrorFrame):
             conn.abort()
             raise for_status(frame.message.status)(f"{endpoint} refused hello: {frame.message.message}")
@@ -91,7 +91,7 @@ class Connection:
             await self.stream.send(message, payload)
         except (ConnectionClosed, OSError) as exc:
             self.broken = True
-            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+            raise caused(Unavailable(f"connection to {self.endpoint} lost while sending: {exc}"), exc)
 
     def write(self, message: Message, payload: bytes | memoryview = b"") -> None:
         """Queue a frame without draining (the caller drains)."""
@@ -99,14 +99,14 @@ class Connection:
             self.stream.write(message, payload)
         except (ConnectionError, OSError, RuntimeError) as exc:
             self.broken = True
-            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+            raise caused(Unavailable(f"connection to {self.endpoint} lost while sending: {exc}"), exc)
 
     async def drain(self) -> None:
         try:
             await self.stream.drain()
         except (ConnectionClosed, OSError) as exc:
             self.broken = True
-            raise Unavailable(f"connection to {self.endpoint} lost while sending: {exc}") from exc
+            raise caused(Unavailable(f"connection to {self.endpoint} lost while sending: {exc}"), exc)
 
     async def read(self, timeout: float | None = None) -> Frame:
         """The next frame; an ErrorFrame from the peer becomes its typed StatusError."""
@@ -119,9 +119,9 @@ class Connection:
                 async with asyncio.timeout(timeout):
                     frame = await self.stream.read()
         except ConnectionClosed as exc:
-            raise self.lost(exc, self.timed_out) from exc  # (the watchdog may have closed it)
+            raise caused(self.lost(exc, self.timed_out), exc)  # (the watchdog may have closed it)
         except asyncio.TimeoutError as expired:
-            raise self.lost(expired, timeout) from expired
+            raise caused(self.lost(expired, timeout), expired)
         except ProtocolError:
             self.broken = True
             raise
@@ -237,7 +237,7 @@ class ConnectionPool:
                 conn.stream.send_encoded(frames)
             except (ConnectionError, OSError, RuntimeError) as exc:
                 conn.broken = True
-                raise Unavailable(f"connection to {conn.endpoint} lost while sending: {exc}") from exc
+                raise caused(Unavailable(f"connection to {conn.endpoint} lost while sending: {exc}"), exc)
         self._watched[conn] = timeout
         if not now:
             now = time.monotonic()

@@ -12,11 +12,16 @@ import itertools
 import time
 from collections import OrderedDict
 
+import msgspec
+
 from protocol import Header, Route
 
 
 class RouteCache:
-    def __init__(self, seeds: list[str], *, max_entries: int = 65536, ttl: float = 300.0) -> None:
+    def __init__(self, seeds: list[str], *, max_entries: int = 65536, ttl: float = 300.0,
+                 rewrite: dict[str, str] | None = None) -> None:
+        # rewrite: endpoint -> the endpoint to use instead, applied to every learned route
+        # (`quire chaos` sends each coordinator's traffic through its client proxy).
         # max_entries: a client writing round-robin over more journals than it caches
         # misses every time, and each miss is an append proxied by a seed (#49: 10,000
         # journals ran at 0.09x the rate over 10 with 4,096). An entry is ~200 bytes.
@@ -30,6 +35,7 @@ class RouteCache:
         revision of the header it came from)."""
         self._rr = itertools.count()
         self._down: dict[str, float] = {}
+        self.rewrite = rewrite
 
     def get(self, journal: str) -> Route | None:
         entry = self._routes.get(journal)
@@ -47,6 +53,10 @@ class RouteCache:
         if header is None or not header.route.members or not header.route.endpoints:
             return
         route, now = header.route, time.monotonic()
+        if self.rewrite is not None:
+            rewrite = self.rewrite
+            route = msgspec.structs.replace(
+                route, endpoints=tuple([rewrite.get(e, e) for e in route.endpoints]))
         entry = self._routes.get(journal)
         revision = header.etcd.revision
         if entry is not None and now - entry[1] < self.ttl / 2 and entry[3] == revision \

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from chaos.writers import ProxiedRoutes as _ProxiedRoutes, classify
+import pytest
+
+from chaos.writers import _attempts, classify, proxied_routes, trace_attempt
 from protocol import Header, ProcessId, Route, Status
 from protocol.errors import (
     Aborted,
@@ -33,7 +35,7 @@ def test_classify_definite_and_indefinite() -> None:
 
 
 def test_routes_are_rewritten_to_client_proxies() -> None:
-    routes = _ProxiedRoutes(["127.0.0.1:9001"], {"127.0.0.1:7001": "127.0.0.1:9001",
+    routes = proxied_routes(["127.0.0.1:9001"], {"127.0.0.1:7001": "127.0.0.1:9001",
                                                   "127.0.0.1:7002": "127.0.0.1:9002"})
     route = Route(members=(ProcessId("zone-a", "coord0"), ProcessId("zone-b", "coord1")),
                   primary=1, endpoints=("127.0.0.1:7001", "127.0.0.1:7002"))
@@ -45,32 +47,22 @@ def test_routes_are_rewritten_to_client_proxies() -> None:
     assert routes.get("c/d") is None
 
 
-async def test_tracing_client_forwards_every_argument_of_the_clients_append_once(monkeypatch) -> None:  # noqa: ANN001
-    """The override must follow quire.client.Client._append_once whatever its signature
-    (it once took three arguments when the client passed four, and every chaos append
-    failed with a TypeError)."""
-    import inspect
-    from types import SimpleNamespace
-
-    from chaos.writers import TracingClient, _attempts
-    from protocol import Status
+async def test_every_attempt_of_a_small_append_is_traced() -> None:
+    """The writers' client reports each attempt (Client.on_attempt), whichever path the
+    append takes: a small append goes whole (`_append_whole`), which an override of
+    `_append_once` (the tracer's old hook) no longer saw."""
     from quire.client import Client
+    from tools.services import free_port
 
-    real = inspect.signature(Client._append_once)
-    call = {name: f"<{name}>" for name in list(real.parameters)[1:]}  # all but self
-    seen: list[dict] = []
-
-    async def fake(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        seen.append(real.bind(self, *args, **kwargs).arguments)
-        return SimpleNamespace(status=Status.OK)
-
-    monkeypatch.setattr(Client, "_append_once", fake)
+    endpoint = f"127.0.0.1:{free_port()}"  # nothing listens: every attempt is refused
     attempts: list[str] = []
     _attempts.set(attempts)
-    tracing = object.__new__(TracingClient)
-    params = list(real.parameters.values())[1:]
-    positional = [call[p.name] for p in params if p.kind is not p.KEYWORD_ONLY]
-    keywords = {p.name: call[p.name] for p in params if p.kind is p.KEYWORD_ONLY}
-    await TracingClient._append_once(tracing, *positional, **keywords)
-    assert {k: v for k, v in seen[0].items() if k != "self"} == call
-    assert attempts == ["<endpoint>: OK"]
+    client = Client([endpoint], retry_timeout=1.0, connect_timeout=0.5)
+    client.on_attempt = trace_attempt
+    try:
+        with pytest.raises(Unavailable):
+            await client.append("chaos/traced", b"x" * 100)
+    finally:
+        await client.close()
+    assert len(attempts) >= 2, attempts  # retried inside append, each attempt seen
+    assert all(a.startswith(f"{endpoint}: Unavailable") for a in attempts), attempts
