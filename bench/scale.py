@@ -50,7 +50,7 @@ from .scale_cluster import (
     ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
 )
 
-__all__ = ["APPLY_CHUNK", "GOALS", "derive", "full_routes", "journal_limit", "main",
+__all__ = ["APPLY_CHUNK", "GOALS", "assigned_journals", "derive", "full_routes", "journal_limit", "main",
            "round_robin", "run_scale"]
 
 APPLY_CHUNK = 100
@@ -76,6 +76,20 @@ def round_robin(names: list[str]) -> Callable[[], str]:
     """The next journal of `names` at each call, round-robin (shared by every task)."""
     counter = itertools.count()
     return lambda: names[next(counter) % len(names)]
+
+
+def assigned_journals(assignments: Iterable[tuple[str, bytes]], replication: int,
+                      root: str = ROOT) -> set[str]:
+    """Journals the allocator has finished with: `replication` assignments, a primary
+    (whether or not the route is advertised yet)."""
+    slots: dict[str, list[int]] = {}
+    for key, _ in assignments:
+        try:
+            journal, _, slot = parse_assignment_key(root, key)
+        except ValueError:
+            continue
+        slots.setdefault(journal, []).append(slot)
+    return {j for j, s in slots.items() if len(s) == replication and 0 in s}
 
 
 def full_routes(assignments: Iterable[tuple[str, bytes]], replication: int,
@@ -154,18 +168,28 @@ async def _apply(client: Client, names: list[str], store: str) -> int:
 
 
 async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
-                     say: Callable[[str], None]) -> tuple[float | None, int]:
+                     say: Callable[[str], None], run: dict[str, Any]) -> tuple[float | None, int]:
+    """Seconds until every route of `names` is full (None past `timeout`) and how many
+    are; records in `run` when every journal was assigned (`assigned_s`: the allocator's
+    part) and how many were full at each poll (`full_curve`: [s, full])."""
     t0 = time.monotonic()
     want = set(names)
     full = 0
     last_say = t0
+    run["assigned_s"] = None
+    run["full_curve"] = curve = []
     while time.monotonic() - t0 < timeout:
         got = await asyncio.to_thread(etcd_assignments, cluster.etcd_url)
+        now = time.monotonic() - t0
+        if run["assigned_s"] is None and want <= assigned_journals(got, REPLICATION):
+            run["assigned_s"] = now
         full = len(want & full_routes(got, REPLICATION))
+        curve.append([round(now, 1), full])
         if full == len(want):
-            return time.monotonic() - t0, full
+            return now, full
         if time.monotonic() - last_say > 15:
-            say(f"  {full}/{len(want)} routes full after {time.monotonic() - t0:.0f} s")
+            say(f"  {full}/{len(want)} routes full after {now:.0f} s"
+                f" (assigned: {run['assigned_s']})")
             last_say = time.monotonic()
         await asyncio.sleep(1.0)  # poll: the allocator and pulses work in batches
     return None, full
@@ -238,8 +262,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
             await client.close()
         say(f"N={n}: applied in {run['apply_s']:.1f} s")
         run["full_s"], run["full_routes"] = await _wait_full(
-            cluster, names, timeout=120 + 0.1 * n, say=say)
-        say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n})")
+            cluster, names, timeout=120 + 0.1 * n, say=say, run=run)
+        say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n}); "
+            f"every journal assigned after {run['assigned_s']} s")
         await asyncio.sleep(settle)
         pids = cluster.coordinator_pids()
         others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}

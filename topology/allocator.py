@@ -64,6 +64,8 @@ __all__ = ["Allocator", "snapshot"]
 log = structlog.get_logger()
 
 EMPTY_ROUTE = b"{}"
+TXN_CONCURRENCY = 8
+"""Transactions of one pass in flight at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,23 +198,34 @@ class Allocator:
             self._settled_revision = seen
             return 0
         applied, last_revision = 0, 0
-        for batch in self._batches(view, changes):
+        gate = asyncio.Semaphore(TXN_CONCURRENCY)
+
+        async def run_batch(batch: list[ap.Change]) -> None:
+            nonlocal applied, last_revision
             compares, ops = self._guards(view, batch), self._ops(view, batch)
-            try:
-                result = await txn(self.client, compares, ops)
-            except EtcdError as exc:
-                # Typically an assignee's lease expired under us; the mirror will show it.
-                log.info("allocator txn refused", error=str(exc), changes=len(batch))
-                continue
-            except EtcdLimitExceeded as exc:
-                # An etcd whose --max-txn-ops is below 128: say so, plainly, every pass.
-                log.error("allocator txn over etcd's limits", error=str(exc), changes=len(batch))
-                continue
+            async with gate:
+                try:
+                    result = await txn(self.client, compares, ops)
+                except EtcdError as exc:
+                    # Typically an assignee's lease expired under us; the mirror will show it.
+                    log.info("allocator txn refused", error=str(exc), changes=len(batch))
+                    return
+                except EtcdLimitExceeded as exc:
+                    # An etcd whose --max-txn-ops is below 128: say so, plainly, every pass.
+                    log.error("allocator txn over etcd's limits", error=str(exc),
+                              changes=len(batch))
+                    return
             last_revision = max(last_revision, result.revision)
             if not result.succeeded:
                 log.debug("allocator txn stale", revision=result.revision, changes=len(batch))
-                continue
+                return
             applied += len(batch)
+
+        # Transactions of a pass touch disjoint journals, and the plan already counted
+        # every add against its assignee's limit: their order does not matter, so a few
+        # run at once (thousands of journals assigned one round trip after another took
+        # seconds per pass).
+        await asyncio.gather(*(run_batch(b) for b in self._batches(view, changes)))
         if last_revision:
             # Read our own writes before the next pass, or we would plan from stale state.
             await ks.wait_for_revision(last_revision, timeout=5.0)
@@ -225,21 +238,29 @@ class Allocator:
     # -- building transactions -----------------------------------------------------------
 
     def _batches(self, view: View, changes: list[ap.Change]) -> list[list[ap.Change]]:
-        """Changes grouped per journal (never split), packed into bounded transactions."""
+        """Changes grouped per journal (never split), packed into transactions within
+        etcd's limit on compares and on operations (counted apart, as etcd does; an
+        assignee's member key is compared once per transaction, not once per add)."""
         groups: dict[str, list[ap.Change]] = {}
         for c in changes:
             groups.setdefault(c.journal, []).append(c)
         batches: list[list[ap.Change]] = []
         current: list[ap.Change] = []
-        cost = 0
+        compares, ops, guarded = 2, 0, set()  # 2: the leader key's value and creation
         for journal in sorted(groups):
             group = groups[journal]
-            group_cost = len(group) * 2 + len(view.assignments(journal)) + 2
-            if current and cost + group_cost > MAX_TXN_OPS - 1:
+            placing = [c for c in group if isinstance(c, (ap.Add, ap.ChangeSlot))]
+            g_compares = 1 + len(view.assignments(journal)) + len(placing)
+            g_members = {c.member for c in placing}
+            g_ops = sum(2 if isinstance(c, ap.ChangeSlot) else 1 for c in group)
+            if current and (compares + g_compares + len(g_members - guarded) > MAX_TXN_OPS
+                            or ops + g_ops > MAX_TXN_OPS):
                 batches.append(current)
-                current, cost = [], 0
+                current, compares, ops, guarded = [], 2, 0, set()
             current.extend(group)
-            cost += group_cost
+            compares += g_compares + len(g_members - guarded)
+            ops += g_ops
+            guarded |= g_members
         if current:
             batches.append(current)
         return batches
@@ -255,12 +276,14 @@ class Allocator:
                 compares.append(cmp_mod(journal_key(self.root, journal), entry.mod_revision))
             for a in ks.assignments(journal):
                 compares.append(cmp_mod(self._key(a.journal, a.member, a.slot), a.mod_revision))
+        guarded: set[ProcessId] = set()
         for c in batch:
             if isinstance(c, ap.Add):
                 compares.append(cmp_version(self._key(c.journal, c.member, c.slot), 0))
             elif isinstance(c, ap.ChangeSlot):
                 compares.append(cmp_version(self._key(c.journal, c.member, c.to_slot), 0))
-            if isinstance(c, (ap.Add, ap.ChangeSlot)):
+            if isinstance(c, (ap.Add, ap.ChangeSlot)) and c.member not in guarded:
+                guarded.add(c.member)
                 m = ks.members[c.member]
                 compares.append(cmp_mod(member_key(self.root, c.member), m.mod_revision))
         return compares

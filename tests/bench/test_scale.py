@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from bench.scale import (
-    APPLY_CHUNK, derive, full_routes, journal_limit, render, round_robin, run_scale,
+    APPLY_CHUNK, assigned_journals, derive, full_routes, journal_limit, render, round_robin, run_scale,
 )
 from bench.scale_cluster import metric_values, raise_nofile
 from chaos.cluster import coordinator_available
@@ -43,6 +43,8 @@ def test_full_routes_needs_every_member_a_primary_and_the_route_advertised() -> 
     ]
     assert full_routes(kvs, 3, ROOT) == {"j/full"}
     assert full_routes(kvs[:2], 2, ROOT) == set()  # B and A advertise a route of three
+    # assigned (the allocator's part done): three assignments and a primary, advertised or not
+    assert assigned_journals(kvs, 3, ROOT) == {"j/full", "j/half", "j/stale"}
 
 
 def test_round_robin_visits_every_journal_in_turn() -> None:

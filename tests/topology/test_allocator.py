@@ -249,3 +249,32 @@ async def test_idle_leader_plans_only_after_a_change(client: aetcd.Client, etcd_
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_pass_packs_transactions_within_etcds_limits() -> None:
+    """Compares and operations are counted apart (etcd limits each to 128) and an
+    assignee's member key is compared once per transaction: new journals of R=3 pack
+    ~30 to a transaction (15 when every add carried its own member compare)."""
+    from topology import allocator_plan as ap
+    from topology.allocator import MAX_TXN_OPS, View
+    from topology.keyspace import JournalEntry, MemberEntry
+
+    pids = [ProcessId(z, f"broker-{z}") for z in "abcde"]
+    members = {p: MemberEntry(BrokerSpec(id=p), 5, 5, 7) for p in pids}
+    journals = {f"logs/{i:04d}": JournalEntry(JournalSpec(name=f"logs/{i:04d}", replication=3),
+                                              9, 9) for i in range(600)}
+    view = View(journals, members, {})
+    changes: list[ap.Change] = [ap.Add(j, pids[(i + k) % 5], k)
+                                for i, j in enumerate(journals) for k in range(3)]
+    alloc = Allocator(None, None, pids[0], "/root")  # type: ignore[arg-type]
+    alloc._leader_create_revision = 3
+    batches = alloc._batches(view, changes)
+    seen: list[str] = []
+    for batch in batches:
+        assert len(alloc._guards(view, batch)) <= MAX_TXN_OPS
+        assert len(alloc._ops(view, batch)) <= MAX_TXN_OPS
+        names = sorted({c.journal for c in batch})
+        assert all(sum(c.journal == n for c in batch) == 3 for n in names)  # never split
+        seen += names
+    assert sorted(seen) == sorted(journals)
+    assert len(batches) <= 600 // 25
