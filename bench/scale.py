@@ -46,6 +46,7 @@ from protocol import Codec, FragmentSpec, JournalSpec, LabelSet, Route
 from quire.client import Client
 from topology.etcd import parse_assignment_key
 
+from . import scale_failover
 from .scale_cluster import (
     ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
 )
@@ -242,10 +243,12 @@ def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
 
 
 async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: float,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None], failover: bool = False,
+               lease_ttl: float = 20.0) -> dict[str, Any]:
     run: dict[str, Any] = {"journals": n, "loadavg_start": os.getloadavg()}
     limit = journal_limit(n, REPLICATION, COORDINATORS)
-    cluster = ScaleCluster(workdir, coordinators=COORDINATORS, journal_limit=limit)
+    cluster = ScaleCluster(workdir, coordinators=COORDINATORS, journal_limit=limit,
+                           lease_ttl=lease_ttl)
     try:
         t0 = time.monotonic()
         cluster.start()
@@ -285,6 +288,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         run.update(await _appends(cluster.endpoints, names, append_s))
         say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
             f"({run['append_errors']} errors)")
+        if failover:
+            run["failover"] = await scale_failover.failover(
+                cluster, names, full_routes, REPLICATION, timeout=120 + 0.05 * n, say=say)
     except Exception as exc:  # noqa: BLE001 - reported with what was measured, then stopped
         run["error"] = repr(exc)
         say(f"N={n}: failed: {exc!r}")
@@ -295,7 +301,8 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
 
 
 def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: float = 30.0,
-              append_s: float = 10.0, say: Callable[[str], None] = print) -> dict[str, Any]:
+              append_s: float = 10.0, say: Callable[[str], None] = print,
+              failover: bool = False, lease_ttl: float = 20.0) -> dict[str, Any]:
     soft, hard = raise_nofile()
     out: dict[str, Any] = {"benchmark": "scale", "coordinators": COORDINATORS,
                            "replication": REPLICATION, "nofile": [soft, hard],
@@ -304,7 +311,8 @@ def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: fl
     base = None
     for n in sizes:
         run = asyncio.run(_one(n, workdir / f"n{n}", settle=settle, idle=idle,
-                               append_s=append_s, say=say))
+                               append_s=append_s, say=say, failover=failover,
+                               lease_ttl=lease_ttl))
         run.update(derive(run, base))
         base = base or (run if run.get("appends_per_s") else None)
         out["runs"].append(run)
@@ -334,6 +342,17 @@ def render(result: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    lines += [f"N={r['journals']}: every journal assigned {f(r.get('assigned_s'))} s after the "
+              "apply" for r in result["runs"] if "assigned_s" in r]
+    for r in result["runs"]:
+        fo = r.get("failover")
+        if fo:
+            lines.append(
+                f"N={r['journals']}: kill -9 of {fo['victim']} ({fo['victim_replicas']} replicas, "
+                f"primary of {fo['victim_led']}), lease TTL {fo['lease_ttl_s']:g} s: new primaries "
+                f"{f(fo.get('primary_s'))} s, every route full {f(fo.get('full_s'))} s, sampled "
+                f"appends resumed {fo['resumed']} (worst {f(fo.get('resumed_s_max'))} s), "
+                f"{fo['acked']} acknowledged, {fo['lost']} lost")
     lines += [f"N={r['journals']}: coordinator {i} exited ({c['exited']})"
               for r in result["runs"] for i, c in enumerate(r.get("coordinators", []))
               if "exited" in c]
@@ -353,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle CPU measure")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds after routes are full")
     ap.add_argument("--append-seconds", type=float, default=10.0)
+    ap.add_argument("--failover", action="store_true",
+                    help="last, kill -9 the coordinator hosting the most replicas and time "
+                         "until every route is full again (bench/scale_failover.py)")
+    ap.add_argument("--lease-ttl", type=float, default=20.0,
+                    help="each coordinator's --lease-ttl (the default's)")
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -362,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="quire-bench-scale-"))
     try:
         result = run_scale(args.journals, work, settle=args.settle, idle=args.idle,
-                           append_s=args.append_seconds,
+                           append_s=args.append_seconds, failover=args.failover,
+                           lease_ttl=args.lease_ttl,
                            say=lambda m: print(m, file=sys.stderr, flush=True))
     finally:
         if not args.keep:
