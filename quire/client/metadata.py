@@ -40,6 +40,9 @@ from .routes import RouteCache
 
 R = TypeVar("R", bound=Message)
 
+LIST_PAGE = 1000
+"""Journals per List page (a coordinator also stops a page short of 512 KiB)."""
+
 
 class MetadataCalls:
     routes: RouteCache
@@ -85,8 +88,17 @@ class MetadataCalls:
     async def list_journals(self, selector: LabelSelector | str = "") -> list[ListEntry]:
         if isinstance(selector, str):
             selector = parse_selector(selector)
-        response = await self.unary(ListRequest(selector=selector), ListResponse)
-        return sorted(response.journals, key=lambda e: e.spec.name)
+        entries: list[ListEntry] = []
+        token = ""
+        while True:  # a page at a time: one response holds at most ~1,800 entries
+            response = await self.unary(ListRequest(selector=selector, page_limit=LIST_PAGE,
+                                                    page_token=token), ListResponse)
+            entries.extend(response.journals)
+            # (A coordinator without paging ignores page_limit and answers every entry.)
+            if not response.next_page_token or not response.journals:
+                break
+            token = response.next_page_token
+        return sorted(entries, key=lambda e: e.spec.name)
 
     async def get_journal(self, name: str) -> ListEntry:
         """The entry of one journal; JournalNotFound if there is none."""
