@@ -15,6 +15,7 @@ from protocol import (
     ApplyResponse,
     BrokerInfo,
     FragmentInfo,
+    Header,
     JournalSpec,
     LabelSelector,
     LabelSet,
@@ -94,6 +95,13 @@ class MetadataCalls:
             response = await self.unary(ListRequest(selector=selector, page_limit=LIST_PAGE,
                                                     page_token=token), ListResponse)
             entries.extend(response.journals)
+            # Each listed route primes the route cache (as Gazette's ListAllJournals):
+            # appends over thousands of journals then go to their primaries, not each
+            # first one to a seed that proxies it.
+            etcd = response.header.etcd if response.header is not None else None
+            for entry in response.journals:
+                if etcd is not None and entry.route.primary_endpoint:
+                    self.routes.update(entry.spec.name, Header(route=entry.route, etcd=etcd))
             # (A coordinator without paging ignores page_limit and answers every entry.)
             if not response.next_page_token or not response.journals:
                 break

@@ -120,6 +120,14 @@ async def _scale(cluster: Cluster, etcd_url: str, root: str, tmp_path: Path, n: 
     assert names == [f"scale/part-{i:04d}" for i in range(n)], listed.stdout[-500:]
     await wait_full(etcd_url, root, "scale/", n, timeout, f"every route of {n} journals full")
     t_full = time.monotonic() - t_applied
+    # A listing primes the client's route cache: appends go straight to each primary.
+    by_suffix = {node.suffix: node.endpoint for node in cluster.nodes}
+    async with Client([node.endpoint for node in cluster.nodes]) as client:
+        entries = await client.list_journals("topic=scale")
+        assert len(entries) == n
+        for e in entries:
+            primary = e.route.members[e.route.primary]
+            assert client.routes.primary(e.spec.name) == by_suffix[primary.suffix], e
     victim = cluster.nodes[0]
     cluster.kill(victim, signal.SIGKILL)
     t_refull = await wait_full(etcd_url, root, "scale/", n, timeout,
