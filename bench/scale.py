@@ -46,11 +46,12 @@ from protocol import Codec, FragmentSpec, JournalSpec, LabelSet, Route
 from quire.client import Client
 from topology.etcd import parse_assignment_key
 
+from . import scale_failover
 from .scale_cluster import (
     ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
 )
 
-__all__ = ["APPLY_CHUNK", "GOALS", "derive", "full_routes", "journal_limit", "main",
+__all__ = ["APPLY_CHUNK", "GOALS", "assigned_journals", "derive", "full_routes", "journal_limit", "main",
            "round_robin", "run_scale"]
 
 APPLY_CHUNK = 100
@@ -76,6 +77,20 @@ def round_robin(names: list[str]) -> Callable[[], str]:
     """The next journal of `names` at each call, round-robin (shared by every task)."""
     counter = itertools.count()
     return lambda: names[next(counter) % len(names)]
+
+
+def assigned_journals(assignments: Iterable[tuple[str, bytes]], replication: int,
+                      root: str = ROOT) -> set[str]:
+    """Journals the allocator has finished with: `replication` assignments, a primary
+    (whether or not the route is advertised yet)."""
+    slots: dict[str, list[int]] = {}
+    for key, _ in assignments:
+        try:
+            journal, _, slot = parse_assignment_key(root, key)
+        except ValueError:
+            continue
+        slots.setdefault(journal, []).append(slot)
+    return {j for j, s in slots.items() if len(s) == replication and 0 in s}
 
 
 def full_routes(assignments: Iterable[tuple[str, bytes]], replication: int,
@@ -154,18 +169,28 @@ async def _apply(client: Client, names: list[str], store: str) -> int:
 
 
 async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
-                     say: Callable[[str], None]) -> tuple[float | None, int]:
+                     say: Callable[[str], None], run: dict[str, Any]) -> tuple[float | None, int]:
+    """Seconds until every route of `names` is full (None past `timeout`) and how many
+    are; records in `run` when every journal was assigned (`assigned_s`: the allocator's
+    part) and how many were full at each poll (`full_curve`: [s, full])."""
     t0 = time.monotonic()
     want = set(names)
     full = 0
     last_say = t0
+    run["assigned_s"] = None
+    run["full_curve"] = curve = []
     while time.monotonic() - t0 < timeout:
         got = await asyncio.to_thread(etcd_assignments, cluster.etcd_url)
+        now = time.monotonic() - t0
+        if run["assigned_s"] is None and want <= assigned_journals(got, REPLICATION):
+            run["assigned_s"] = now
         full = len(want & full_routes(got, REPLICATION))
+        curve.append([round(now, 1), full])
         if full == len(want):
-            return time.monotonic() - t0, full
+            return now, full
         if time.monotonic() - last_say > 15:
-            say(f"  {full}/{len(want)} routes full after {time.monotonic() - t0:.0f} s")
+            say(f"  {full}/{len(want)} routes full after {now:.0f} s"
+                f" (assigned: {run['assigned_s']})")
             last_say = time.monotonic()
         await asyncio.sleep(1.0)  # poll: the allocator and pulses work in batches
     return None, full
@@ -175,6 +200,9 @@ async def _appends(endpoints: list[str], names: list[str], seconds: float) -> di
     client = Client(endpoints, retry_timeout=30)
     data = b"x" * (APPEND_SIZE - 1) + b"\n"
     nxt = round_robin(names)
+    # As a producer over many journals would: list them first (the listing's routes
+    # prime the client's route cache, so no first append is proxied by a seed).
+    await client.list_journals("bench=scale")  # (_labels())
     count = errors = 0
     first_error = ""
     stop = time.monotonic() + seconds
@@ -218,10 +246,12 @@ def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
 
 
 async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: float,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None], failover: bool = False,
+               lease_ttl: float = 20.0) -> dict[str, Any]:
     run: dict[str, Any] = {"journals": n, "loadavg_start": os.getloadavg()}
     limit = journal_limit(n, REPLICATION, COORDINATORS)
-    cluster = ScaleCluster(workdir, coordinators=COORDINATORS, journal_limit=limit)
+    cluster = ScaleCluster(workdir, coordinators=COORDINATORS, journal_limit=limit,
+                           lease_ttl=lease_ttl)
     try:
         t0 = time.monotonic()
         cluster.start()
@@ -238,8 +268,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
             await client.close()
         say(f"N={n}: applied in {run['apply_s']:.1f} s")
         run["full_s"], run["full_routes"] = await _wait_full(
-            cluster, names, timeout=120 + 0.1 * n, say=say)
-        say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n})")
+            cluster, names, timeout=120 + 0.1 * n, say=say, run=run)
+        say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n}); "
+            f"every journal assigned after {run['assigned_s']} s")
         await asyncio.sleep(settle)
         pids = cluster.coordinator_pids()
         others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}
@@ -260,6 +291,9 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         run.update(await _appends(cluster.endpoints, names, append_s))
         say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
             f"({run['append_errors']} errors)")
+        if failover:
+            run["failover"] = await scale_failover.failover(
+                cluster, names, full_routes, REPLICATION, timeout=120 + 0.05 * n, say=say)
     except Exception as exc:  # noqa: BLE001 - reported with what was measured, then stopped
         run["error"] = repr(exc)
         say(f"N={n}: failed: {exc!r}")
@@ -270,7 +304,8 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
 
 
 def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: float = 30.0,
-              append_s: float = 10.0, say: Callable[[str], None] = print) -> dict[str, Any]:
+              append_s: float = 10.0, say: Callable[[str], None] = print,
+              failover: bool = False, lease_ttl: float = 20.0) -> dict[str, Any]:
     soft, hard = raise_nofile()
     out: dict[str, Any] = {"benchmark": "scale", "coordinators": COORDINATORS,
                            "replication": REPLICATION, "nofile": [soft, hard],
@@ -279,7 +314,8 @@ def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: fl
     base = None
     for n in sizes:
         run = asyncio.run(_one(n, workdir / f"n{n}", settle=settle, idle=idle,
-                               append_s=append_s, say=say))
+                               append_s=append_s, say=say, failover=failover,
+                               lease_ttl=lease_ttl))
         run.update(derive(run, base))
         base = base or (run if run.get("appends_per_s") else None)
         out["runs"].append(run)
@@ -288,7 +324,7 @@ def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: fl
 
 
 def render(result: dict[str, Any]) -> str:
-    cols = ("N", "apply s", "full s", "RSS MiB (max)", "KiB/replica", "fds (max)", "fds/replica",
+    cols = ("N", "apply s", "assigned s", "full s", "RSS MiB (max)", "KiB/replica", "fds (max)", "fds/replica",
             "tasks (max)", "idle CPU % (max)", "etcd keys", "etcd MB", "appends/s", "x N=10",
             "stop s")
     rows = [cols]
@@ -298,7 +334,8 @@ def render(result: dict[str, Any]) -> str:
 
     for r in result["runs"]:
         cs = [c for c in r.get("coordinators", []) if "rss_kib" in c]
-        rows.append((str(r["journals"]), f(r.get("apply_s")), f(r.get("full_s")),
+        rows.append((str(r["journals"]), f(r.get("apply_s")), f(r.get("assigned_s")),
+                     f(r.get("full_s")),
                      f(max((c["rss_kib"] for c in cs), default=None) / 1024 if cs else None),
                      f(r.get("rss_kib_per_replica")),
                      f(max((c["fds"] for c in cs), default=None)), f(r.get("fds_per_replica"), 2),
@@ -309,6 +346,15 @@ def render(result: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    for r in result["runs"]:
+        fo = r.get("failover")
+        if fo:
+            lines.append(
+                f"N={r['journals']}: kill -9 of {fo['victim']} ({fo['victim_replicas']} replicas, "
+                f"primary of {fo['victim_led']}), lease TTL {fo['lease_ttl_s']:g} s: new primaries "
+                f"{f(fo.get('primary_s'))} s, every route full {f(fo.get('full_s'))} s, sampled "
+                f"appends resumed {fo['resumed']} (worst {f(fo.get('resumed_s_max'))} s), "
+                f"{fo['acked']} acknowledged, {fo['lost']} lost")
     lines += [f"N={r['journals']}: coordinator {i} exited ({c['exited']})"
               for r in result["runs"] for i, c in enumerate(r.get("coordinators", []))
               if "exited" in c]
@@ -328,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle CPU measure")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds after routes are full")
     ap.add_argument("--append-seconds", type=float, default=10.0)
+    ap.add_argument("--failover", action="store_true",
+                    help="last, kill -9 the coordinator hosting the most replicas and time "
+                         "until every route is full again (bench/scale_failover.py)")
+    ap.add_argument("--lease-ttl", type=float, default=20.0,
+                    help="each coordinator's --lease-ttl (the default's)")
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -337,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="quire-bench-scale-"))
     try:
         result = run_scale(args.journals, work, settle=args.settle, idle=args.idle,
-                           append_s=args.append_seconds,
+                           append_s=args.append_seconds, failover=args.failover,
+                           lease_ttl=args.lease_ttl,
                            say=lambda m: print(m, file=sys.stderr, flush=True))
     finally:
         if not args.keep:

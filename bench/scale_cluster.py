@@ -109,8 +109,11 @@ class ScaleCluster:
     """etcd, Redis, `coordinators` coordinators, a Celery worker and beat, in `workdir`."""
 
     def __init__(self, workdir: Path, *, coordinators: int, journal_limit: int,
-                 zones: int = 3, extra_env: dict[str, str] | None = None) -> None:
+                 zones: int = 3, extra_env: dict[str, str] | None = None,
+                 lease_ttl: float = 20.0) -> None:
         self.workdir = workdir
+        self.lease_ttl = lease_ttl
+        """Each coordinator's `--lease-ttl` (the default's): bounds a failover."""
         self.n = coordinators
         self.journal_limit = journal_limit
         self.zones = zones
@@ -151,6 +154,7 @@ class ScaleCluster:
                         "--spool-dir", str(self.workdir / "spool" / ident),
                         "--redis", self.redis_url, "--journal-limit", str(self.journal_limit),
                         "--metrics-port", str(mport), "--drain-timeout", f"{DRAIN_TIMEOUT:g}",
+                        "--lease-ttl", f"{self.lease_ttl:g}",
                         "--log-level", "WARNING", "--log-format", "json"]
                 svc = Service(ident, argv, env=self.env(), workdir=self.workdir / "logs" / ident,
                               probe=lambda e=endpoint: hello_probe(e), ready_timeout=60,

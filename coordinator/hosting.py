@@ -160,8 +160,12 @@ class Hosting:
         watch = IndexWatch(self.cfg.redis_url, apply=apply, loaded=loaded,
                            journals=lambda: [*server.replicas, *server.recovered.journals()])
         self._spawn(watch.run(), name="index-watch")
-        server.index_loader = lambda journal: self._spawn(watch.load_quietly(journal),
-                                                          name=f"index-load:{journal}")
+
+        def load_index(journal: str) -> None:
+            if watch.queue(journal):
+                self._spawn(watch.flush_queued(), name="index-load")
+
+        server.index_loader = load_index
         run = getattr(server.persister, "run", None)
         if run is not None:
             self._spawn(run(), name="persister")

@@ -145,6 +145,11 @@ class IndexWatch:
         self.backoff_max = backoff_max
         self.batch = batch
         self._redis: aioredis.Redis | None = None
+        self._queued: set[str] = set()
+        """Journals waiting for `flush_queued` (their replicas were just created)."""
+        self._flushing = False
+        self.flushes = 0
+        """`load` calls made by `flush_queued` (for tests)."""
         self.connected = asyncio.Event()
         self.refreshed_at: dict[str, float] = {}
         """journal -> unix time of the refresh of the index we last applied."""
@@ -278,13 +283,35 @@ class IndexWatch:
             count += 1
         return count
 
-    async def load_quietly(self, journal: str) -> None:
-        """`load([journal])` now (a replica was just created), errors only logged: the
-        watch's own session retries every hosted journal when Redis comes back."""
+    def queue(self, journal: str) -> bool:
+        """Queue `journal` to be loaded now (a replica was just created). True when the
+        caller must start `flush_queued` (none runs): one task loads every queued
+        journal in batches. (A task and a Redis pipeline per created replica ran
+        thousands at once when a coordinator took thousands of journals, and one broken
+        connection's error killed the coordinator.)"""
+        self._queued.add(journal)
+        if self._flushing:
+            return False
+        self._flushing = True
+        return True
+
+    async def flush_queued(self) -> None:
+        """Load the queued journals, `batch` at a time, until none is left. Errors are
+        only logged: the watch's own session retries every hosted journal."""
         try:
-            await self.load([journal])
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            log.debug("index load deferred", journal=journal, error=str(exc))
+            while self._queued:
+                names = sorted(self._queued)[:self.batch]
+                self._queued.difference_update(names)
+                self.flushes += 1
+                try:
+                    await self.load(names)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - RedisError, OSError, timeouts, and
+                    # uvloop's RuntimeError for a transport closed under a pipeline
+                    log.debug("index load deferred", journals=len(names), error=repr(exc))
+        finally:
+            self._flushing = False
 
     async def _reset(self) -> None:
         client, self._redis = self._redis, None

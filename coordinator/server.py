@@ -17,6 +17,8 @@ import signal
 import sys
 import time
 
+import msgspec
+
 from protocol.logs import get_logger
 from protocol.native import HOT_PATH
 from protocol import (
@@ -273,13 +275,22 @@ class Server(Host):
         raise ProtocolError(f"unexpected {type(msg).__name__} at the start of an RPC")
 
     async def _list(self, conn: FrameStream, req: ListRequest, auth: ConnAuth) -> bool:
-        from .specs import list_specs
+        from topology.assignments import with_endpoints
+
+        from .specs import list_page, list_specs
 
         entries = await list_specs(self.topology.client, self.cfg.root, req.selector)
         # Out-of-scope journals are not listed (Gazette: List filters by the claims).
-        entries = [e for e in entries if auth.visible(e.spec.name, e.spec.labels)]
+        entries = [e for e in entries if auth.visible(e.spec.name, e.spec.labels)
+                   and e.spec.name > req.page_token]
+        entries, token = list_page(entries, req.page_limit)
+        # Each route with its members' endpoints (as Gazette's): a client that lists
+        # the journals it writes routes its appends straight to their primaries.
+        endpoints = {pid: m.spec.endpoint for pid, m in self.keyspace.members.items()}
+        entries = [msgspec.structs.replace(e, route=with_endpoints(e.route, endpoints))
+                   for e in entries]
         await conn.send(ListResponse(header=self.topology.resolver._header(Route()),
-                                     journals=tuple(entries)))
+                                     journals=tuple(entries), next_page_token=token))
         return True
 
     async def _apply(self, conn: FrameStream, req: ApplyRequest, auth: ConnAuth) -> bool:

@@ -18,6 +18,7 @@ from protocol import JournalSpec, LabelSelector, ValidationError
 from protocol.errors import EtcdTransactionFailed
 from protocol.messages import ApplyChange, ListEntry
 from protocol.names import validate_journal_name
+from protocol.wire import MAX_HEADER
 
 from topology.assignments import route_of
 from topology.etcd import (
@@ -34,7 +35,7 @@ from topology.etcd import (
 )
 from topology.keyspace import Assignment
 
-__all__ = ["apply_specs", "list_specs", "list_specs_at", "validate_changes"]
+__all__ = ["PAGE_BYTES", "apply_specs", "list_page", "list_specs", "list_specs_at", "validate_changes"]
 
 
 def validate_changes(changes: Sequence[ApplyChange]) -> None:
@@ -123,6 +124,24 @@ async def _guarded(client: aetcd.Client, root: str, changes: Sequence[ApplyChang
         seen.append((name, current, ch.upsert))
     guard(seen)
     return pins
+
+
+PAGE_BYTES = MAX_HEADER // 2
+"""A paged List response's entries stop short of this many bytes (a frame's header holds
+at most MAX_HEADER)."""
+
+
+def list_page(entries: list[ListEntry], limit: int) -> tuple[list[ListEntry], str]:
+    """The first page of `entries` (sorted by name) and the token of the next one ("" if
+    none): at most `limit` entries and about PAGE_BYTES; every entry when `limit` is 0."""
+    if limit <= 0:
+        return entries, ""
+    size = 0
+    for i, entry in enumerate(entries):
+        size += len(msgspec.msgpack.encode(entry))
+        if i >= limit or (i > 0 and size > PAGE_BYTES):
+            return entries[:i], entries[i - 1].spec.name
+    return entries, ""
 
 
 async def list_specs(client: aetcd.Client, root: str,

@@ -245,6 +245,12 @@ class ChannelClose(Message, frozen=True):
 class ListRequest(Message, frozen=True):
     KIND = 40
     selector: LabelSelector = LabelSelector()
+    page_limit: int = 0
+    """Entries per response at most (0: every entry in one response, which fails past
+    ~1,800 journals: a response is one frame of at most 1 MiB of header). A paged
+    response also stops short of half that many bytes."""
+    page_token: str = ""
+    """List only journals named after this one: the previous page's next_page_token."""
 
 
 class ListEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -260,6 +266,9 @@ class ListResponse(Message, frozen=True):
     header: Header | None = None
     journals: tuple[ListEntry, ...] = ()
     message: str = ""
+    next_page_token: str = ""
+    """Set when more entries follow: ask again with it as page_token. Each page is read
+    at its own etcd revision (as Gazette's paged List)."""
 
 
 class ApplyChange(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

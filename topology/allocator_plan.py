@@ -6,17 +6,21 @@ Theory of operation
 IO: the adapter (allocator.py) snapshots the KeySpace into an `AllocState`, applies the
 returned changes in guarded etcd transactions, and plans again when the mirror moves.
 
-1. **Desired placement** (`desired_placement`) is a function of the journals and the
-   live members only, never of the current assignments. That is what guarantees the
-   plan converges: our own adds and removes cannot change the target we steer toward.
-   Stability comes from rendezvous (highest-random-weight) hashing: when a member comes
-   or goes only the journals whose top-ranked set it enters or leaves move, plus the
-   few replicas the balancing pass shifts.
+1. **Desired placement** (`desired_placement`) is a function of the journals, the live
+   members and which members hold each journal now. Stability comes from stickiness
+   and rendezvous (highest-random-weight) hashing: a journal's current members are
+   ranked first, then the rest by HRW, so when a member comes or goes (or journals are
+   added) only the replicas it held, and the few the balancing pass shifts, move. It
+   converges: in journal-name order, a journal's placement depends only on the ones
+   before it and its own members, and a journal whose members are its desired set
+   keeps them (at 10,000 journals, placement from HRW alone re-placed ~3,000 untouched
+   journals when one member of five died, and ~650 per thousand journals added).
    - eligible members: present, not exiting, limit > 0;
    - replicas per journal = min(desired replication, eligible members);
    - per-member quota by water-filling (as equal as limits allow);
-   - greedy in journal-name order over each journal's HRW ranking: first one member
-     per zone (spread), then any member, under quota (and, failing that, under limit);
+   - greedy in journal-name order over each journal's ranking: first members of new
+     zones until it spans two (spread), then any member, under quota (and, failing
+     that, under limit);
    - then a balancing pass moves replicas from the most to the least loaded member
      until loads differ by at most one, never taking a journal below two zones.
 2. **Transition**, per journal, in this order of safety (Gazette's allocator rules):
@@ -150,8 +154,17 @@ def _quotas(members: list[MemberState], demand: int) -> dict[ProcessId, int]:
 
 
 def desired_placement(journals: dict[str, JournalState],
-                      members: dict[ProcessId, MemberState]) -> dict[str, list[ProcessId]]:
-    """journal -> desired members, ranked (best primary candidate first)."""
+                      members: dict[ProcessId, MemberState],
+                      current: dict[str, set[ProcessId]] | None = None,
+                      ) -> dict[str, list[ProcessId]]:
+    """journal -> desired members, ranked (best primary candidate first).
+
+    `current` (journal -> the members assigned it now) makes the placement sticky: a
+    journal's current members are tried before the rest of its ranking, so a change of
+    members or journals moves only what it must (and what balancing then moves). Without
+    it, the greedy fill under new quotas re-placed thousands of untouched journals after
+    one member of five died at 10,000 journals (2,992 over-subscribed at once)."""
+    current = current or {}
     eligible = sorted((m for m in members.values() if not m.exiting and m.limit > 0),
                       key=lambda m: m.id)
     want = {j.name: min(max(j.replication, 0), len(eligible)) for j in journals.values()}
@@ -163,7 +176,8 @@ def desired_placement(journals: dict[str, JournalState],
     """Every (journal, member) weight, computed once: the balancing pass reads them often."""
     for name in sorted(journals):
         weights = scores[name] = {m.id: score(name, m.id) for m in eligible}
-        ranked = sorted(eligible, key=lambda m: weights[m.id], reverse=True)
+        now = current.get(name, set())
+        ranked = sorted(eligible, key=lambda m: (m.id in now, weights[m.id]), reverse=True)
         chosen: list[ProcessId] = []
         # Zone spread beats balance (as in Gazette: two zones unless forced into one), and
         # quotas beat limits: each pass only fills what the stricter ones could not.
@@ -172,7 +186,9 @@ def desired_placement(journals: dict[str, JournalState],
             if cap is limit and spread and len(zones) >= 2:
                 continue
             for m in ranked:
-                if len(chosen) >= want[name]:
+                # Spread passes place members of new zones until there are two (Gazette:
+                # two zones survive a zone's loss; wider spread is not worth a move).
+                if len(chosen) >= want[name] or (spread and len(zones) >= 2):
                     break
                 if m.id in chosen or load[m.id] >= cap[m.id] or (spread and m.zone in zones):
                     continue
@@ -269,10 +285,11 @@ class _Tally:
 
 
 def plan(state: AllocState) -> list[Change]:
-    desired = desired_placement(state.journals, state.members)
     by_journal: dict[str, list[AssignState]] = {}
     for a in state.assignments:
         by_journal.setdefault(a.journal, []).append(a)
+    desired = desired_placement(state.journals, state.members,
+                                {j: {a.member for a in items} for j, items in by_journal.items()})
     tally = _Tally()
     for a in state.assignments:
         tally.load[a.member] = tally.load.get(a.member, 0) + 1

@@ -146,6 +146,10 @@ RECONNECT_BACKOFF_MAX_MS = 3000
 """Longest wait between gRPC's attempts to reconnect to an unreachable etcd member."""
 
 
+MAX_RECEIVE = (1 << 31) - 1
+"""Largest etcd answer accepted, bytes (etcd clientv3's default)."""
+
+
 class EtcdClient(aetcd.Client):
     """aetcd's client over one member at a time of several, moving on when it fails."""
 
@@ -163,7 +167,12 @@ class EtcdClient(aetcd.Client):
                                   # tried (its lease, watch and rejoin all stalled).
                                   # Bounded, a healed member reconnects within seconds.
                                   "grpc.initial_reconnect_backoff_ms": 500,
-                                  "grpc.max_reconnect_backoff_ms": RECONNECT_BACKOFF_MAX_MS})
+                                  "grpc.max_reconnect_backoff_ms": RECONNECT_BACKOFF_MAX_MS,
+                                  # gRPC refuses answers over 4 MiB by default; a read of
+                                  # the whole root at 10,000 journals (a KeySpace load or
+                                  # re-list, a List) is ~13 MB. etcd's own client
+                                  # accepts any size (MaxCallRecvMsgSize: MaxInt32).
+                                  "grpc.max_receive_message_length": MAX_RECEIVE})
         if first.secure and tls is None:
             raise EtcdEndpointError(f"etcd endpoint {first} is https:// but no CA is set "
                                     "(QUIRE_ETCD_CA)")

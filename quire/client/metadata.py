@@ -15,6 +15,7 @@ from protocol import (
     ApplyResponse,
     BrokerInfo,
     FragmentInfo,
+    Header,
     JournalSpec,
     LabelSelector,
     LabelSet,
@@ -39,6 +40,9 @@ from .retry import ROUTING_STATUSES, backoff, reason, strip_status
 from .routes import RouteCache
 
 R = TypeVar("R", bound=Message)
+
+LIST_PAGE = 1000
+"""Journals per List page (a coordinator also stops a page short of 512 KiB)."""
 
 
 class MetadataCalls:
@@ -85,8 +89,24 @@ class MetadataCalls:
     async def list_journals(self, selector: LabelSelector | str = "") -> list[ListEntry]:
         if isinstance(selector, str):
             selector = parse_selector(selector)
-        response = await self.unary(ListRequest(selector=selector), ListResponse)
-        return sorted(response.journals, key=lambda e: e.spec.name)
+        entries: list[ListEntry] = []
+        token = ""
+        while True:  # a page at a time: one response holds at most ~1,800 entries
+            response = await self.unary(ListRequest(selector=selector, page_limit=LIST_PAGE,
+                                                    page_token=token), ListResponse)
+            entries.extend(response.journals)
+            # Each listed route primes the route cache (as Gazette's ListAllJournals):
+            # appends over thousands of journals then go to their primaries, not each
+            # first one to a seed that proxies it.
+            etcd = response.header.etcd if response.header is not None else None
+            for entry in response.journals:
+                if etcd is not None and entry.route.primary_endpoint:
+                    self.routes.update(entry.spec.name, Header(route=entry.route, etcd=etcd))
+            # (A coordinator without paging ignores page_limit and answers every entry.)
+            if not response.next_page_token or not response.journals:
+                break
+            token = response.next_page_token
+        return sorted(entries, key=lambda e: e.spec.name)
 
     async def get_journal(self, name: str) -> ListEntry:
         """The entry of one journal; JournalNotFound if there is none."""

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from bench.scale import (
-    APPLY_CHUNK, derive, full_routes, journal_limit, render, round_robin, run_scale,
+    APPLY_CHUNK, assigned_journals, derive, full_routes, journal_limit, render, round_robin, run_scale,
 )
 from bench.scale_cluster import metric_values, raise_nofile
 from chaos.cluster import coordinator_available
@@ -43,6 +43,8 @@ def test_full_routes_needs_every_member_a_primary_and_the_route_advertised() -> 
     ]
     assert full_routes(kvs, 3, ROOT) == {"j/full"}
     assert full_routes(kvs[:2], 2, ROOT) == set()  # B and A advertise a route of three
+    # assigned (the allocator's part done): three assignments and a primary, advertised or not
+    assert assigned_journals(kvs, 3, ROOT) == {"j/full", "j/half", "j/stale"}
 
 
 def test_round_robin_visits_every_journal_in_turn() -> None:
@@ -113,3 +115,30 @@ def test_smoke_three_and_ten_journals(tmp_path) -> None:  # noqa: ANN001
     assert runs[1]["append_ratio"] > 0
     table = render(result)
     assert "appends/s" in table and len(table.splitlines()) == 3
+
+
+def test_failover_finds_primaries_and_counts_lost_records() -> None:
+    from bench.scale_failover import lost_records, primaries, record
+
+    kvs = [(_key("j/1", B, 0), b"{}"), (_key("j/1", A, 1), b"{}"), (_key("j/2", A, 0), b"{}"),
+           ("/quire/assign/not-a-key", b"{}")]
+    assert primaries(kvs, ROOT) == ({"j/1": "coord-b", "j/2": "coord-a"},
+                                    {"coord-a": 2, "coord-b": 1})
+    content = {"j/1": record("j/1", 1) + record("j/1", 2) + record("j/1", 2),
+               "j/2": record("j/2", 1)}
+    assert lost_records({"j/1": [1, 2], "j/2": [1]}, content) == 0  # duplicates are fine
+    assert lost_records({"j/1": [1, 3], "j/2": [2], "j/3": [1]}, content) == 3
+    assert len(record("j/1", 7)) == 128
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not coordinator_available(), reason="coordinator.main is not present yet")
+def test_smoke_failover_of_ten_journals(tmp_path) -> None:  # noqa: ANN001
+    result = run_scale([10], tmp_path, settle=0.5, idle=1.0, append_s=1.0, failover=True,
+                       lease_ttl=5.0, say=lambda _m: None)
+    fo = result["runs"][0]["failover"]
+    assert fo["full_s"] is not None and fo["primary_s"] is not None, fo
+    assert fo["lost"] == 0 and fo["read_errors"] == 0 and fo["acked"] > 0, fo
+    done, total = map(int, fo["resumed"].split("/"))
+    assert done == total > 0, fo
+    assert "kill -9 of" in render(result)

@@ -146,7 +146,8 @@ async def test_dropped_response_is_resent_and_lands_once_and_refusals(cluster3, 
             before = await direct.write_head(j)
         # Only the proxy is known to this client (no route learned yet).
         async with Client([proxy.endpoint], rpc_timeout=1.5, retry_timeout=30.0) as client:
-            await client.list_journals()  # a pooled connection, past its hello
+            await client.list_brokers()  # a pooled connection, past its hello (a listing
+            # of journals would teach it their routes: List primes the route cache)
             proxy.set_fault(Fault(FaultMode.ONE_WAY, direction="down"))  # answers are lost
             task = asyncio.create_task(client.append(j, b"once\n", txn=first))
             deadline = time.monotonic() + 20

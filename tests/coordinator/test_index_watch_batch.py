@@ -59,3 +59,31 @@ async def test_a_burst_of_updates_is_loaded_in_batches(redis_db) -> None:  # noq
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_created_replicas_are_loaded_by_one_task_in_batches(redis_db) -> None:  # noqa: ANN001
+    """Thousands of replicas created at once queue their first index load: one task
+    loads them `batch` at a time (a task and a pipeline each, thousands at once, broke
+    the Redis connection and a RuntimeError killed the coordinator)."""
+    names = [f"queued/j-{i:04d}" for i in range(HOSTED)]
+    loaded: list[str] = []
+    watch = IndexWatch(redis_db.url, apply=lambda _j, _f: None, loaded=loaded.append,
+                       journals=lambda: names, batch=200)
+    starts = sum(watch.queue(n) for n in names)
+    assert starts == 1  # one flusher for all of them
+    await asyncio.wait_for(watch.flush_queued(), 30)
+    assert sorted(loaded) == names
+    assert watch.flushes == HOSTED // 200
+    assert watch.queue(names[0])  # idle again: the next queue starts a flusher
+
+
+async def test_a_failed_queued_load_is_only_logged(redis_db) -> None:  # noqa: ANN001
+    watch = IndexWatch(redis_db.url, apply=lambda _j, _f: None, journals=lambda: [])
+
+    async def broken(_names) -> int:  # noqa: ANN001 - what uvloop raises for a closed transport
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    watch.load = broken  # type: ignore[method-assign]
+    assert watch.queue("queued/broken")
+    await asyncio.wait_for(watch.flush_queued(), 10)  # returns: no exception escapes
+    assert watch.queue("queued/broken")
