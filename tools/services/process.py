@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,24 +41,52 @@ class ServiceError(RuntimeError):
     """A service failed to start, become ready or stop within its bound."""
 
 
-# Ports handed out by this process. Binding port 0 and closing it leaves a
-# window where the kernel may hand the same port out again; remembering what we
-# gave out at least stops two services of one test session from colliding.
+# Ports handed out by this process: a port is handed out once, even before its service
+# binds it, so two services of one process never collide.
 _handed_out: set[int] = set()
 _ports_lock = threading.Lock()
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def port_block(env: Mapping[str, str] = os.environ) -> range:
+    """Where this process picks its ports: below the kernel's ephemeral range, because
+    every outgoing connection takes its local port from that range — a port found free
+    there (bind to port 0) can be taken by any client's connect before its service binds
+    it — and, under pytest-xdist, a block of its own per worker, so that workers (and
+    the processes they start, which inherit the variable) never pick the same one."""
+    high = max(_LOWEST_PORT + 1000, _ephemeral_low())
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        size = (high - _LOWEST_PORT) // int(count)
+        start = _LOWEST_PORT + (int(worker[2:]) % int(count)) * size
+        return range(start, start + size)
+    return range(_LOWEST_PORT, high)
 
 
 def free_port() -> int:
-    """A currently unused TCP port on 127.0.0.1."""
+    """A currently unused TCP port on 127.0.0.1, never handed out before by this
+    process, from this process's block (port_block)."""
+    block = port_block()
     with _ports_lock:
-        for _ in range(64):
+        for _ in range(256):
+            port = random.randrange(block.start, block.stop)
+            if port in _handed_out:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
-    raise ServiceError("no free loopback port after 64 attempts")
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # in use (or lingering): another
+            _handed_out.add(port)
+            return port
+    raise ServiceError(f"no free loopback port in {block.start}-{block.stop - 1} after 256 attempts")
 
 
 def pid_alive(pid: int) -> bool:
