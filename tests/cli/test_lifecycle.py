@@ -227,9 +227,25 @@ def test_a_second_quire_up_in_the_same_data_dir_is_refused(tmp_path: Path) -> No
 
 # -- one stop phase ------------------------------------------------------------------------
 
-def test_a_member_past_its_bound_is_killed_and_said_to_be(tmp_path: Path) -> None:
+def ignores_sigterm(pid: int) -> bool:
+    """Whether `pid` has SIGTERM ignored yet (bit 15 of its SigIgn mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def stubborn_member(workdir: Path) -> Service:
+    """A member that ignores SIGTERM — returned only once its trap is in place, so a stop
+    that begins at once cannot reach bash before the trap does (seen once in CI)."""
     stubborn = Service("stubborn", ["bash", "-c", "trap '' TERM; sleep 300 & wait"],
-                       workdir=tmp_path / "s").start()
+                       workdir=workdir).start()
+    wait_for(lambda: ignores_sigterm(stubborn.pid or 0), timeout=10, what="the stubborn member's TERM trap")
+    return stubborn
+
+
+def test_a_member_past_its_bound_is_killed_and_said_to_be(tmp_path: Path) -> None:
+    stubborn = stubborn_member(tmp_path / "s")
     polite = Service("polite", ["sleep", "300"], workdir=tmp_path / "p").start()
     said: list[str] = []
     errors: list[str] = []
@@ -240,8 +256,7 @@ def test_a_member_past_its_bound_is_killed_and_said_to_be(tmp_path: Path) -> Non
 
 
 def test_hurry_cuts_a_phase_short(tmp_path: Path) -> None:
-    stubborn = Service("stubborn", ["bash", "-c", "trap '' TERM; sleep 300 & wait"],
-                       workdir=tmp_path / "s").start()
+    stubborn = stubborn_member(tmp_path / "s")
     hurry = threading.Event()
     hurry.set()  # a second Ctrl-C before the phase began
     said: list[str] = []
