@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -175,14 +176,18 @@ def test_read_follow_sees_new_appends(cluster: dict, applied: dict) -> None:
                              "cli/clicks/part-001", "--offset", "-1", "-f"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
-        time.sleep(2.0)  # let the follower reach the write head
-        ok(quire(cluster, "append", "-j", "cli/clicks/part-001", stdin=b"followed\n"))
-        line = proc.stdout.readline()  # bounded by the test timeout
+        # The follower starts at the write head whenever its process gets there: append
+        # until it has printed something (bounded), then every line it printed is ours.
+        deadline = time.monotonic() + 60
+        while not select.select([proc.stdout], [], [], 1.0)[0]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the follower printed nothing"
+            ok(quire(cluster, "append", "-j", "cli/clicks/part-001", stdin=b"followed\n"))
+        line = proc.stdout.readline()
         assert line == b"followed\n"
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            code = proc.wait(10)
+            code = proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise

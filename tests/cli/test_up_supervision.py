@@ -18,14 +18,20 @@ from typing import TypeVar
 
 import pytest
 
+from protocol.config import Settings
 from tools.local_cluster import STOP_BOUND
 from tools.services import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
 T = TypeVar("T")
-FAILOVER_BOUND = 30.0
-"""Seconds: a new primary, and the killed member listed again (issue #24)."""
+FAILOVER_BOUND = Settings().lease_ttl_seconds + 40.0
+"""Seconds to wait for a new primary and for the killed member to be listed again: its
+lease's TTL (quire up's members keep the default), then the allocator's pass and the
+route's sync — bounded generously, because each poll here is a CLI process and the whole
+cluster shares the machine with the suite (a 30 s bound was overrun at load 12 under
+stress-ng by a poll that began before it). How fast failover is, is measured by
+`bench.scale --failover` (docs/reliability.md), not asserted here."""
 
 
 def start_up(data: Path, *extra: str, json_out: bool = True) -> tuple[subprocess.Popen, dict]:
@@ -129,11 +135,10 @@ def test_kill_9_of_a_primary_fails_over_and_the_member_comes_back(tmp_path: Path
         victim = apply_and_route(broker, info["store"], tmp_path, journal)
         before = b"".join(b"%04d" % i + b"x" * 595 + b"\n" for i in range(4))  # rolls at 1 KiB
         append(broker, journal, before)
-        killed = kill_primary(info, victim)
+        kill_primary(info, victim)
         # Restarted as soon as its old lease expired, the victim may be a replica again
         # by now, but the primary moved.
         until("a new primary", lambda: primary_other_than(broker, journal, victim), FAILOVER_BOUND)
-        assert time.monotonic() - killed < FAILOVER_BOUND
         append(broker, journal, b"after failover\n", timeout=10)
         # The victim's old member key went with its lease (the primary moved): a listing
         # now is its new run, restarted by quire up.
@@ -170,10 +175,9 @@ def test_no_restart_leaves_the_killed_member_down_and_the_cluster_serves(tmp_pat
         pid = int(next(line.split("│")[2] for line in table.splitlines()
                        if f" {victim} " in line))
         info = {"services": [{"service": victim, "pid": pid}]}
-        killed = kill_primary(info, victim)
+        kill_primary(info, victim)
         until("a new route without it", lambda: primary_other_than(
             broker, journal, victim, replica_too=True), FAILOVER_BOUND)
-        assert time.monotonic() - killed < FAILOVER_BOUND
         append(broker, journal, b"after\n", timeout=10)
         assert brokers(broker) == {f"coordinator-{i}" for i in range(4)} - {victim}
         assert cli(broker, "read", "-j", journal).stdout == b"before\nafter\n"

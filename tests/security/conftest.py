@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+
+from protocol.auth import Keyring
+from protocol.credentials import load_keyring
 
 from tools.services import free_port
 
@@ -50,6 +57,64 @@ class SecureCluster:
         url = f"http://127.0.0.1:{self.ports['worker_metrics']}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.read().decode()
+
+    def store_files(self, journal: str) -> set[str]:
+        """Every file of `journal` in the cluster's file store, relative to its directory."""
+        root = self.data / "fragments" / journal
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+    def persisted(self, journal: str) -> bool:
+        out = self.cli("fragments", "list", "-j", journal, "-o", "json").stdout.splitlines()
+        return any(json.loads(ln)["persisted"] for ln in out)
+
+    def refused_count(self, task: str, reason: str) -> float:
+        pattern = (rf'quire_worker_refused_tasks_total\{{reason="{reason}",task="{re.escape(task)}"\}} '
+                   r"([0-9.e+]+)")
+        m = re.search(pattern, self.worker_metrics())
+        return float(m.group(1)) if m else 0.0
+
+    def keyring(self) -> Keyring:
+        ring = load_keyring(None, self.info["auth"]["keys_file"])
+        assert ring is not None
+        return ring
+
+    def shard_row(self, shard: str) -> dict | None:
+        listed = self.cli("shards", "list", "-o", "json")
+        rows = [json.loads(ln) for ln in listed.stdout.splitlines() if ln.strip()]
+        return next((r for r in rows if r["id"] == shard), None)
+
+    # -- Redis, as each of its users ----------------------------------------------------------
+
+    @property
+    def redis_port(self) -> int:
+        return int(self.ports["redis"])
+
+    def queue_len(self, queue: str) -> int:
+        return int(redis.Redis.from_url(self.info["secure"]["QUIRE_REDIS_URL"]).llen(queue))
+
+    def push_as_worker(self, queue: str, message: bytes) -> None:
+        """LPUSH `message` as the workers' Redis user: what anyone with its password can do."""
+        password = (self.data / "secure" / "redis-worker.password").read_text().strip()
+        url = (f"rediss://quire-worker:{password}@127.0.0.1:{self.redis_port}/0"
+               f"?ssl_ca_certs={self.info['tls']['QUIRE_TLS_CA']}")
+        redis.Redis.from_url(url).lpush(queue, message)
+
+
+def forged_message(task: str, args: list, kwargs: dict, queue: str, headers: dict | None = None) -> bytes:
+    """A Celery protocol-2 message made by hand: what anyone with Redis access can push."""
+    tid = str(uuid.uuid4())
+    body = base64.b64encode(json.dumps([args, kwargs, {"callbacks": None, "errbacks": None,
+                                                       "chain": None, "chord": None}]).encode())
+    return json.dumps({
+        "body": body.decode(), "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": {"lang": "py", "task": task, "id": tid, "root_id": tid, "parent_id": None,
+                    "group": None, "retries": 0, "eta": None, "expires": None, "timelimit": [None, None],
+                    "argsrepr": repr(args), "kwargsrepr": repr(kwargs), "origin": "forger",
+                    "ignore_result": False, **(headers or {})},
+        "properties": {"correlation_id": tid, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+                       "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},
+    }).encode()
 
 
 @pytest.fixture(scope="module")

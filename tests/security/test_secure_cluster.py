@@ -9,24 +9,24 @@ that checks signed messages, beat, and the dashboard over HTTPS.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import re
 import ssl
+import subprocess
 import sys
 import time
 import urllib.request
-import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from protocol.auth import Capability, Scope
-from protocol.credentials import load_keyring
+from tools.services import wait_for
 
-from .conftest import SecureCluster
+from .conftest import SecureCluster, forged_message
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,38 +34,9 @@ KEPT, DOOMED, GONE = "sec/kept", "sec/doomed", "sec/gone"
 LINE = b"y" * 1500 + b"\n"
 
 
-def until(predicate, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # other processes' state: polled with a deadline
-
-
-def store_files(c: SecureCluster, journal: str) -> set[str]:
-    root = c.data / "fragments" / journal
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
-
-
-def persisted(c: SecureCluster, journal: str) -> bool:
-    out = c.cli("fragments", "list", "-j", journal, "-o", "json").stdout.splitlines()
-    return any(json.loads(ln)["persisted"] for ln in out)
-
-
-def refused_count(c: SecureCluster, task: str, reason: str) -> float:
-    pattern = (rf'quire_worker_refused_tasks_total\{{reason="{reason}",task="{re.escape(task)}"\}} '
-               r"([0-9.e+]+)")
-    m = re.search(pattern, c.worker_metrics())
-    return float(m.group(1)) if m else 0.0
-
-
-def keyring(c: SecureCluster):  # noqa: ANN201
-    ring = load_keyring(None, c.info["auth"]["keys_file"])
-    assert ring is not None
-    return ring
+def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """`wait_for` at the pace of the cluster's processes (polled twice a second)."""
+    return wait_for(predicate, timeout=timeout, what=what, interval=0.5)
 
 
 # -- the allowed paths ------------------------------------------------------------------------
@@ -83,7 +54,7 @@ def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path
               f"{name} to accept appends")
         assert c.cli("append", "-j", name, stdin=LINE).returncode == 0  # rolls the first
     for name in (KEPT, DOOMED, GONE):  # the worker fetched over mTLS and wrote the store
-        until(lambda n=name: persisted(c, n), 90, f"{name} to be persisted")
+        until(lambda n=name: c.persisted(n), 90, f"{name} to be persisted")
     # Beat's pulse sweep (every 2 s here) fans out signed pulse tasks the worker runs
     # (one per primary member, pulse_member; pulse_journal for a journal with none yet).
     until(lambda: re.search(r'quire_worker_tasks_total\{outcome="success",'
@@ -91,7 +62,7 @@ def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path
           60, "a pulse task to succeed")
     assert c.cli("read", "-j", KEPT, "--end-offset", str(len(LINE))).stdout == LINE
     assert c.cli("journals", "delete", DOOMED).returncode == 0  # no --purge: objects stay
-    assert store_files(c, DOOMED)
+    assert c.store_files(DOOMED)
 
 
 # -- etcd ---------------------------------------------------------------------------------
@@ -99,7 +70,7 @@ def test_worker_persists_and_beat_pulses(secure_cluster: SecureCluster, tmp_path
 SHARD = "id: sec-shard\nsources: [sec/kept]\nrecovery_log_prefix: sec/recovery\n"
 
 
-def _shard_apply(c: SecureCluster, tmp_path: Path, **env: str) -> "subprocess.CompletedProcess":  # noqa: F821
+def _shard_apply(c: SecureCluster, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     spec = tmp_path / "shard.yaml"
     spec.write_text(SHARD)
     return c.cli("shards", "apply", "-f", str(spec), env={**c.env, **env})
@@ -154,40 +125,32 @@ def test_etcd_over_plain_http(secure_cluster: SecureCluster, tmp_path: Path) -> 
 
 # -- Redis --------------------------------------------------------------------------------
 
-def _redis_port(c: SecureCluster) -> int:
-    return int(c.ports["redis"])
-
-
-def _queue_len(c: SecureCluster, queue: str) -> int:
-    return int(redis.Redis.from_url(c.info["secure"]["QUIRE_REDIS_URL"]).llen(queue))
-
-
 def test_redis_without_a_password(secure_cluster: SecureCluster) -> None:
     from protocol.redis_security import describe_redis_error
 
     c = secure_cluster
-    before = _queue_len(c, "prune")
-    url = f"rediss://127.0.0.1:{_redis_port(c)}/0?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}"
+    before = c.queue_len("prune")
+    url = f"rediss://127.0.0.1:{c.redis_port}/0?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}"
     with pytest.raises(redis.exceptions.AuthenticationError) as exc:
         redis.Redis.from_url(url, socket_timeout=5).lpush("prune", b"forged")
     assert "authentication required" in describe_redis_error(exc.value, url)
-    assert _queue_len(c, "prune") == before
+    assert c.queue_len("prune") == before
 
 
 def test_redis_with_the_workers_user_over_plain_tcp(secure_cluster: SecureCluster) -> None:
     c = secure_cluster
-    before = _queue_len(c, "prune")
+    before = c.queue_len("prune")
     password = (c.data / "secure" / "redis-worker.password").read_text().strip()
-    url = f"redis://quire-worker:{password}@127.0.0.1:{_redis_port(c)}/0"
+    url = f"redis://quire-worker:{password}@127.0.0.1:{c.redis_port}/0"
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5).lpush("prune", b"x")
-    assert _queue_len(c, "prune") == before
+    assert c.queue_len("prune") == before
 
 
 def test_coordinators_redis_user_cannot_enqueue_deletions(secure_cluster: SecureCluster) -> None:
     c = secure_cluster
     password = (c.data / "secure" / "redis-coordinator.password").read_text().strip()
-    url = (f"rediss://quire-coordinator:{password}@127.0.0.1:{_redis_port(c)}/0"
+    url = (f"rediss://quire-coordinator:{password}@127.0.0.1:{c.redis_port}/0"
            f"?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}")
     with pytest.raises(redis.exceptions.NoPermissionError):
         redis.Redis.from_url(url, socket_timeout=5).lpush("prune", b"forged")
@@ -195,78 +158,53 @@ def test_coordinators_redis_user_cannot_enqueue_deletions(secure_cluster: Secure
 
 # -- Celery messages ----------------------------------------------------------------------
 
-def _raw_message(task: str, args: list, kwargs: dict, queue: str, headers: dict | None = None) -> bytes:
-    """A Celery protocol-2 message made by hand: what anyone with Redis access can push."""
-    tid = str(uuid.uuid4())
-    body = base64.b64encode(json.dumps([args, kwargs, {"callbacks": None, "errbacks": None,
-                                                       "chain": None, "chord": None}]).encode())
-    return json.dumps({
-        "body": body.decode(), "content-encoding": "utf-8", "content-type": "application/json",
-        "headers": {"lang": "py", "task": task, "id": tid, "root_id": tid, "parent_id": None,
-                    "group": None, "retries": 0, "eta": None, "expires": None, "timelimit": [None, None],
-                    "argsrepr": repr(args), "kwargsrepr": repr(kwargs), "origin": "forger",
-                    "ignore_result": False, **(headers or {})},
-        "properties": {"correlation_id": tid, "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
-                       "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},
-    }).encode()
-
-
-def _push_as_worker(c: SecureCluster, queue: str, message: bytes) -> None:
-    password = (c.data / "secure" / "redis-worker.password").read_text().strip()
-    url = (f"rediss://quire-worker:{password}@127.0.0.1:{_redis_port(c)}/0"
-           f"?ssl_ca_certs={c.info['tls']['QUIRE_TLS_CA']}")
-    redis.Redis.from_url(url).lpush(queue, message)
-
-
 def test_unsigned_purge_pushed_into_redis(secure_cluster: SecureCluster) -> None:
     c = secure_cluster
-    files = store_files(c, DOOMED)
+    files = c.store_files(DOOMED)
     assert files
     task = "workers.prune.purge_journal"
-    before = refused_count(c, task, "unsigned")
-    _push_as_worker(c, "prune", _raw_message(task, [DOOMED, [c.info["store"]]], {}, "prune"))
-    until(lambda: refused_count(c, task, "unsigned") == before + 1, 60, "the refusal counted")
+    before = c.refused_count(task, "unsigned")
+    c.push_as_worker("prune", forged_message(task, [DOOMED, [c.info["store"]]], {}, "prune"))
+    until(lambda: c.refused_count(task, "unsigned") == before + 1, 60, "the refusal counted")
     log = (c.data / "logs" / "worker" / "worker.log").read_text()
     assert "task refused" in log and "is not signed" in log
-    time.sleep(3)  # had it run, the purge would have been done in well under this
-    assert store_files(c, DOOMED) == files
+    assert c.store_files(DOOMED) == files  # refused before its body: counted means done
 
 
 def test_signed_purge_without_an_apply_token(secure_cluster: SecureCluster) -> None:
     from protocol.task_signing import sign
 
     c = secure_cluster
-    files = store_files(c, DOOMED)
+    files = c.store_files(DOOMED)
     task = "workers.prune.purge_journal"
-    ring = keyring(c)
-    before = refused_count(c, task, "no_apply_token")
+    ring = c.keyring()
+    before = c.refused_count(task, "no_apply_token")
     args = [DOOMED, [c.info["store"]]]
     # Signed, but a token without APPLY (and then none): both refused before deleting.
     read_only = ring.mint(Capability.READ, Scope.of([DOOMED]), 60, "intruder")
     for kwargs in ({"capability": read_only}, {}):
-        msg = json.loads(_raw_message(task, args, kwargs, "prune"))
+        msg = json.loads(forged_message(task, args, kwargs, "prune"))
         tid = msg["headers"]["id"]
         msg["headers"]["quire_sig"] = sign(ring.task_keys(), task, tid, args, kwargs)
-        _push_as_worker(c, "prune", json.dumps(msg).encode())
-    until(lambda: refused_count(c, task, "no_apply_token") == before + 2, 60, "both refusals counted")
-    assert store_files(c, DOOMED) == files
+        c.push_as_worker("prune", json.dumps(msg).encode())
+    until(lambda: c.refused_count(task, "no_apply_token") == before + 2, 60, "both refusals counted")
+    assert c.store_files(DOOMED) == files
     # A forged signature is refused as such.
-    msg = json.loads(_raw_message(task, args, {}, "prune"))
+    msg = json.loads(forged_message(task, args, {}, "prune"))
     msg["headers"]["quire_sig"] = "0" * 64
-    bad = refused_count(c, task, "bad_signature")
-    _push_as_worker(c, "prune", json.dumps(msg).encode())
-    until(lambda: refused_count(c, task, "bad_signature") == bad + 1, 60, "the bad signature counted")
-    assert store_files(c, DOOMED) == files
+    bad = c.refused_count(task, "bad_signature")
+    c.push_as_worker("prune", json.dumps(msg).encode())
+    until(lambda: c.refused_count(task, "bad_signature") == bad + 1, 60, "the bad signature counted")
+    assert c.store_files(DOOMED) == files
 
 
 def test_operator_purge_is_signed_and_runs(secure_cluster: SecureCluster) -> None:
     c = secure_cluster
-    assert store_files(c, GONE)
+    assert c.store_files(GONE)
     res = c.cli("journals", "delete", GONE, "--purge", "--grace", "0")
     assert res.returncode == 0, res.stderr
-    until(lambda: not store_files(c, GONE), 60, "the operator's purge to remove the objects")
-    assert store_files(c, DOOMED)  # and nothing else
+    until(lambda: not c.store_files(GONE), 60, "the operator's purge to remove the objects")
+    assert c.store_files(DOOMED)  # and nothing else
 
 
 # -- coordinators: a replicate stream cut at its token's expiry ----------------------------
@@ -281,7 +219,7 @@ def test_replicate_stream_cut_when_its_token_expires(secure_cluster: SecureClust
     c = secure_cluster
     tls = c.info["tls"]
     ctx = client_context(tls["QUIRE_TLS_CA"], tls["QUIRE_TLS_CERT"], tls["QUIRE_TLS_KEY"])
-    ring = keyring(c)
+    ring = c.keyring()
     admin = c.info["auth"]["token"]
     before = c.cli("read", "-j", KEPT).stdout
 
@@ -347,12 +285,6 @@ def test_metrics_stay_on_loopback(secure_cluster: SecureCluster) -> None:
 CLICKS, COUNTS, RECOVERY = "sec/clicks", "sec/counts", "sec/recovery/sec-counts"
 
 
-def _shard_row(c: SecureCluster, shard: str) -> dict | None:
-    listed = c.cli("shards", "list", "-o", "json")
-    rows = [json.loads(ln) for ln in listed.stdout.splitlines() if ln.strip()]
-    return next((r for r in rows if r["id"] == shard), None)
-
-
 def _totals(c: SecureCluster) -> dict[str, int]:
     """The last published total per key of the counts app's output journal."""
     out: dict[str, int] = {}
@@ -397,11 +329,11 @@ def test_consumer_commits_through_secure_etcd(secure_cluster: SecureCluster, tmp
     first = b"".join(json.dumps({"key": f"k{i % 4}"}).encode() + b"\n" for i in range(40))
     until(lambda: c.cli("append", "-j", CLICKS, stdin=first).returncode == 0, 60, "appends to sec/clicks")
     # Its own token: list/read/append on its journals only.
-    token = keyring(c).mint(Capability.LIST | Capability.READ | Capability.APPEND,
+    token = c.keyring().mint(Capability.LIST | Capability.READ | Capability.APPEND,
                             Scope.of([CLICKS, COUNTS, "sec/recovery/"]), 600, "sec-consumer")
 
     def caught_up(n: int) -> bool:
-        row = _shard_row(c, "sec-counts")
+        row = c.shard_row("sec-counts")
         return bool(row and row["state"] == "PRIMARY" and row["sources"]
                     and row["sources"][0]["offset"] == n and row["transactions"] >= 1)
 
