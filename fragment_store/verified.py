@@ -38,7 +38,7 @@ measuring the cost and for emergencies; its name says what it risks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from protocol import Fragment, ValidationError
@@ -100,9 +100,9 @@ class _Stream:
 
     def __init__(self, content: Proven, skip: int, chunk: int) -> None:
         self.content = content
-        self._gen = self._run(skip, chunk)
+        self._gen: Generator[bytes, None, None] = self._run(skip, chunk)
 
-    def _run(self, skip: int, chunk: int) -> Iterator[bytes]:
+    def _run(self, skip: int, chunk: int) -> Generator[bytes, None, None]:
         try:
             for data in self.content.chunks(skip, chunk):
                 # Held chunks may be larger than asked for (a decompressor's 1 MiB).
