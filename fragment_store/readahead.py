@@ -58,7 +58,7 @@ class ReadAhead:
 
     def __init__(self, items: Iterable[Item], *, depth: int = READ_AHEAD, **kw: Any) -> None:
         if depth < 0:
-            raise ValueError(f"read-ahead depth must be >= 0, not {depth}")
+            raise ValueError(f"read-ahead depth (QUIRE_VERIFY_READ_AHEAD) must be >= 0, not {depth}")
         self.depth = depth
         self._items = iter(items)
         self._kw = kw
