@@ -6,7 +6,9 @@ read of the same fragment objects.
                           [--cuts arbitrary|messages] [--repeat 3] [--skip-spark] [--raw-only]
 
 The baseline fetches every fragment object and decompresses it (fragment_store's
-`read_fragment`, no SHA-1 check), one after another, in this process.
+`read_fragments(verify=False)`, no SHA-1 check), one after another, in this process; the
+verified raw read proves each fragment before handing it on, the next one proven on a
+worker thread meanwhile (read-ahead depth QUIRE_VERIFY_READ_AHEAD, default 1; 0 = none).
 
 Verification (docs/integrity.md) is on by default everywhere: every round also runs
 raw, serial, Dask and Spark *unverified* (`unverifiedReadsRiskCorruption=true`), and
@@ -83,16 +85,17 @@ def populate(store: Any, journals: int, mib: int, fragment_mib: float, codec: st
 
 def raw_read(store: Any, fragments: list[Fragment], verify: bool = False,
              cpu: list[float] | None = None) -> tuple[int, float]:
-    """Every fragment fetched and decompressed (`verify`: and proven) in turn; returns
-    (bytes, wall seconds) and appends the process's CPU seconds to `cpu`, if given."""
-    from fragment_store import read_fragment
+    """Every fragment fetched and decompressed (`verify`: and proven, the next fragment
+    proven while this one is used: `read_fragments`' read-ahead, QUIRE_VERIFY_READ_AHEAD)
+    in turn; returns (bytes, wall seconds) and appends the process's CPU seconds to `cpu`,
+    if given."""
+    from fragment_store import read_fragments
 
     c = time.process_time()
     t = time.perf_counter()
     total = 0
-    for f in fragments:
-        for chunk in read_fragment(store, f, verify=verify):
-            total += len(chunk)
+    for chunk in read_fragments(store, fragments, verify=verify):
+        total += len(chunk)
     elapsed = time.perf_counter() - t
     if cpu is not None:
         cpu.append(time.process_time() - c)

@@ -18,6 +18,7 @@ byte.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from protocol.logs import get_logger
 from protocol import (
@@ -41,6 +42,7 @@ from .held_copies import held_copies
 from .readback import check_copy, lose_copy
 from .read_relay import (
     METADATA_SENT,
+    ColdReadAhead,
     READ_CHUNK,
     StoredCorrupt,
     connect_member,
@@ -103,9 +105,11 @@ async def serve_read(broker, conn: FrameStream, req: ReadRequest) -> bool:  # no
                     f"current route of {req.journal} yet; ask another member"))
         return True
     gone = _Gone(conn)
+    ahead = ColdReadAhead()
     try:
-        keep = await _stream(broker, conn, req, res, replica, gone)
+        keep = await _stream(broker, conn, req, res, replica, gone, ahead)
     finally:
+        ahead.drop()  # a fragment proven ahead that the read never reached is released
         intact = await gone.stop()
     return keep and intact
 
@@ -153,7 +157,8 @@ class _Gone:
         return task.cancelled()
 
 
-async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone) -> bool:  # noqa: ANN001
+async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gone: _Gone,  # noqa: ANN001
+                  ahead: ColdReadAhead) -> bool:
     offset = replica.write_head if req.offset == -1 else req.offset
     first = True
     asked_peers_at = -1
@@ -216,8 +221,11 @@ async def _stream(broker, conn: FrameStream, req: ReadRequest, res, replica, gon
                                              offset=offset, write_head=replica.write_head))
                 return True
         if frag.is_persisted and local is None and frag != replica.spool.fragment:
-            ok = await _persisted(conn, req, res, replica, frag, offset, first,
-                                  journal_stores(broker, req.journal), _held(broker, res, frag))
+            stores = journal_stores(broker, req.journal)
+            ok = await _persisted(conn, req, res, replica, frag, offset, first, stores,
+                                  _held(broker, res, frag), ahead,
+                                  lambda f=frag, s=stores: _read_next(broker, req, res, replica,
+                                                                      f, s, ahead))
             if not ok:
                 return True
             first = False
@@ -245,11 +253,30 @@ def _held(broker, res, frag) -> list:  # noqa: ANN001
                        lambda: peer_auth(Capability.READ, frag.journal) if peer_auth else {})
 
 
+def _read_next(broker, req: ReadRequest, res, replica, frag, stores: tuple[str, ...],  # noqa: ANN001
+               ahead: ColdReadAhead) -> None:
+    """Start proving the fragment after `frag` (ColdReadAhead) if this read will stream it
+    from the store too: it follows `frag` directly, only the store holds it, and the
+    read does not end within `frag`."""
+    if req.lineage or (req.end_offset and req.end_offset <= frag.end):
+        return
+    found = replica.lookup(frag.end)
+    if found is None:
+        return
+    nxt, local = found
+    if local is None and nxt.is_persisted and nxt != replica.spool.fragment \
+            and nxt.begin == frag.end:
+        ahead.start(nxt, stores, _held(broker, res, nxt))
+
+
 async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, offset: int,  # noqa: ANN001
-                     first: bool, stores: tuple[str, ...] = (), held: list | None = None) -> bool:
+                     first: bool, stores: tuple[str, ...] = (), held: list | None = None,
+                     ahead: ColdReadAhead | None = None,
+                     read_next: Callable[[], None] | None = None) -> bool:
     """A fragment only the store holds: hand out its URL, or stream it ourselves (proven
     first; `stores`: the journal's, where other copies are; `held`: the copies the
-    route's other members still hold, asked only when every store's copy is rotten)."""
+    route's other members still hold, asked only when every store's copy is rotten;
+    `ahead` / `read_next`: the next fragment is proven while this one is streamed)."""
     from fragment_store.keys import fragment_key
     from fragment_store.stores import open_store
 
@@ -265,7 +292,8 @@ async def _persisted(conn: FrameStream, req: ReadRequest, res, replica, frag, of
     if req.metadata_only or (req.do_not_proxy and url):
         return False
     try:
-        offset = await stream_stored(conn, frag, offset, req.end_offset, stores, held or ())
+        offset = await stream_stored(conn, frag, offset, req.end_offset, stores, held or (),
+                                     ahead, read_next)
     except StoredCorrupt as exc:
         await conn.send(exc.response)
         return False

@@ -42,19 +42,78 @@ class StoredCorrupt(Exception):
         self.response = response
 
 
+class ColdReadAhead:
+    """The next persisted fragment of one cold read, proven on a thread while the current
+    one is streamed (fragment_store.readahead's idea, inside one read RPC). At most one
+    fragment ahead: a cold read holds at most two fragments' proven content (each bounded
+    by fragment_store's spill bound, QUIRE_VERIFY_SPILL_BYTES in memory). What was read
+    ahead is handed on only through `take`, i.e. after its proof, and released (closed)
+    when the read moves elsewhere or ends."""
+
+    def __init__(self) -> None:
+        self.frag = None
+        self.task: asyncio.Future | None = None
+
+    def start(self, frag, stores: tuple[str, ...], held: Sequence[Extra]) -> None:  # noqa: ANN001
+        from fragment_store.verified import read_verified
+
+        self.drop()
+        self.frag = frag
+        self.task = asyncio.ensure_future(asyncio.to_thread(
+            read_verified, frag, frag.begin, stores=stores, extra=held, chunk=READ_CHUNK))
+
+    async def take(self, frag, offset: int):  # noqa: ANN001, ANN201
+        """`frag`'s proven chunks from `offset`, if it is what was read ahead (from its
+        begin); else None. Raises what its read raised (FragmentCorrupt, StoreError)."""
+        task, ahead = self.task, self.frag
+        self.task = self.frag = None
+        if task is None:
+            return None
+        if ahead != frag or offset != frag.begin:
+            _discard(task)
+            return None
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            _discard(task)
+            raise
+
+    def drop(self) -> None:
+        if self.task is not None:
+            _discard(self.task)
+        self.task = self.frag = None
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Release a read-ahead nobody takes: its proven content is closed once the proof ends
+    (a thread cannot be interrupted; its error, if any, is dropped)."""
+
+    def close(done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    task.add_done_callback(close)
+
+
 async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int,  # noqa: ANN001
-                        stores: tuple[str, ...] = (), held: Sequence[Extra] = ()) -> int:
+                        stores: tuple[str, ...] = (), held: Sequence[Extra] = (),
+                        ahead: ColdReadAhead | None = None,
+                        read_next: Callable[[], None] | None = None) -> int:
     """Send a persisted fragment's content from `offset` (up to `end_offset`, if set) as
     ReadContent frames, fetched by us through fragment_store's verifying reader: the
     whole object is proven by its SHA-1 before the first frame, a corrupt copy is
     quarantined and replaced by another of the journal's `stores`, else by a copy a
-    member still holds (`held`: held_copies.py), and mended from it.
+    member still holds (`held`: held_copies.py), and mended from it. `ahead`: the read's
+    read-ahead, taken if it holds this fragment; `read_next`, called once this one is
+    proven, starts proving the next one while this one is sent.
     Raises StoredCorrupt where no good copy exists; returns the offset reached."""
     from fragment_store.verified import FragmentCorrupt, read_verified
 
     try:
-        chunks = await asyncio.to_thread(read_verified, frag, offset, stores=stores,
-                                         extra=held, chunk=READ_CHUNK)
+        chunks = await ahead.take(frag, offset) if ahead is not None else None
+        if chunks is None:
+            chunks = await asyncio.to_thread(read_verified, frag, offset, stores=stores,
+                                             extra=held, chunk=READ_CHUNK)
     except FragmentCorrupt as exc:
         log.error("persisted fragment corrupt in every store", journal=frag.journal,
                   fragment=exc.fragment, stores=list(exc.stores))
@@ -63,6 +122,8 @@ async def stream_stored(conn: FrameStream, frag, offset: int, end_offset: int,  
     stop = min(frag.end, end_offset) if end_offset else frag.end
     sentinel = b""
     try:
+        if read_next is not None:
+            read_next()  # proven: the next fragment (if from the store too) is proven meanwhile
         while offset < stop:
             data = await asyncio.to_thread(next, chunks, sentinel)
             if not data:

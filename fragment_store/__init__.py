@@ -11,6 +11,7 @@ Layer 2: imports `protocol` and third-party libraries only.
     prune     plan_prune — which fragments retention and guards allow removing
     verified  read_fragment / read_verified — the one verifying reader (proof before any byte, fallback
               to other copies, quarantine, mend); FragmentCorrupt
+    readahead ReadAhead / read_fragments — a sequence of fragments, the next proven while one is used
     stats     store_stats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
@@ -46,6 +47,7 @@ from .verified import (
     read_verified,
     verify_stored,
 )
+from .readahead import ReadAhead, read_fragments
 from .stores import (
     HEALTH_KEY,
     FileStore,
@@ -65,5 +67,6 @@ __all__ = [
     "content_encoding", "decode_index", "decompress", "decompress_chunks", "delete_fragment",
     "encode_index", "extension", "fragment_key", "fragment_name", "fragment_url",
     "journal_prefix", "list_fragments", "manifest_key", "merge", "open_store", "parse_key",
-    "parse_name", "persist_fragment", "read_fragment", "read_manifest", "write_manifest",
+    "parse_name", "persist_fragment", "read_fragment", "read_fragments", "read_manifest",
+    "write_manifest", "ReadAhead",
 ]

@@ -38,7 +38,7 @@ measuring the cost and for emergencies; its name says what it risks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from protocol import Fragment, ValidationError
@@ -93,14 +93,37 @@ def mend(store: FragmentStore, fragment: Fragment, content: Proven) -> bool:
     return True
 
 
+class _Stream:
+    """The chunks of proven content from `skip` on, at most `chunk` bytes each. `close()`
+    releases the content even if iteration never started (a read-ahead that was not
+    consumed), and at the end of the iteration."""
+
+    def __init__(self, content: Proven, skip: int, chunk: int) -> None:
+        self.content = content
+        self._gen: Generator[bytes, None, None] = self._run(skip, chunk)
+
+    def _run(self, skip: int, chunk: int) -> Generator[bytes, None, None]:
+        try:
+            for data in self.content.chunks(skip, chunk):
+                # Held chunks may be larger than asked for (a decompressor's 1 MiB).
+                for i in range(0, len(data), chunk):
+                    yield data[i:i + chunk] if len(data) > chunk else data
+        finally:
+            self.content.close()
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+        self.content.close()
+
+
 def _stream(content: Proven, skip: int, chunk: int) -> Iterator[bytes]:
-    try:
-        for data in content.chunks(skip, chunk):
-            # Held chunks may be larger than asked for (a decompressor's 1 MiB).
-            for i in range(0, len(data), chunk):
-                yield data[i:i + chunk] if len(data) > chunk else data
-    finally:
-        content.close()
+    return _Stream(content, skip, chunk)
 
 
 def read_verified(fragment: Fragment, offset: int | None = None, *,
