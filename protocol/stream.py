@@ -148,6 +148,14 @@ class FrameStream:
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
+    def reusable(self) -> bool:
+        """Open both ways with nothing unread: an idle connection that may carry the next
+        RPC (a pool's test, one call instead of at_eof() + is_closing()). A peer that sent
+        EOF, or bytes nobody asked for, makes it unusable: they are not an answer to it."""
+        p = self.protocol
+        t = self.transport
+        return not (p.eof or p.lost or p.end != p.start or t is None or t.is_closing())
+
     async def wait_readable(self) -> None:
         """Until a byte is buffered or the connection ends; consumes nothing."""
         p = self.protocol
