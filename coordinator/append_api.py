@@ -28,7 +28,7 @@ from protocol.wire import encode_frame
 from . import metrics
 from .append_fsm import NOT_BUFFERED, AppendAborted, AppendFSM, Broker, State
 from .append_lane import finish, ok_header, try_lane
-from .append_stream import ProxiedSource
+from .append_stream import AnswerSink, ProxiedSource
 from .append_rules import decide_broken
 from .proxy_rules import Reproxy, ReproxyDecision, decide_reproxy, reproxy_budget
 from .read_relay import connect_member
@@ -222,7 +222,7 @@ def _peer_auth(broker: object, journal: str) -> dict:
     return peer_auth(Capability.APPEND, journal) if peer_auth is not None else {}
 
 
-async def proxy_append(conn: FrameStream, req: AppendRequest, res, source: ProxiedSource,  # noqa: ANN001
+async def proxy_append(conn: AnswerSink, req: AppendRequest, res, source: ProxiedSource,  # noqa: ANN001
                        peer: dict | None = None, broker: object | None = None) -> bool | None:
     """Forward the append to the primary, with our resolution as its header, presenting
     our own derived APPEND token for the journal (`peer`: Host.peer_auth), never the

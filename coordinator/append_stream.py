@@ -50,6 +50,15 @@ class ProxiedSource(ContentSource, Protocol):
     """Its terminator (commit or abort) was read: the client's connection is in step."""
 
 
+class AnswerSink(Protocol):
+    """Where a proxied append's answer goes (append_api.proxy_append): the client's
+    FrameStream. A Protocol, not FrameStream itself: FrameStream is a compiled class
+    (docs/compiled.md), which a compiled signature checks exactly, and the tests hand
+    proxy_append fakes."""
+
+    async def send(self, message: Any, payload: bytes | memoryview = b"") -> None: ...
+
+
 class StreamStates:
     """Mixin: needs AppendFSM's attributes and `_go` / `_fail` / `_release_pipeline`,
     and the exactly-once `_duplicate` / `_mark` (append_eo.py)."""

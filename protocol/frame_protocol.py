@@ -51,7 +51,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.start = 0
         self.end = 0
         self.limit = limit
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: Any = None
+        """The transport (asyncio's or uvloop's: `Any`, since uvloop's transports are not
+        asyncio.Transport instances and compiled code checks declared types)."""
         self.exc: BaseException | None = None
         """Why the connection was lost, if not cleanly (reads raise it once drained)."""
         self.eof = False
@@ -72,7 +74,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # -- the transport's calls --------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         self.transport = transport
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
         if self._on_connected is not None:
@@ -117,7 +119,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._wake()
         return not self._over_ssl  # (plain TCP: we may still write; TLS closes anyway)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
         if exc is None:
             self.eof = True
@@ -161,17 +163,21 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._reading_paused and self.end - self.start <= self.limit:
             self._resume_reading()
 
-    async def wait_for_data(self) -> None:
-        """Until more bytes, EOF or the loss of the connection arrive."""
-        if self._data_waiter is not None:
+    def data_waiter(self) -> asyncio.Future[None]:
+        """A future done when more bytes, EOF or the loss of the connection arrive: the
+        reader awaits it itself (FrameStream.read), with no coroutine level of ours
+        between. One reader at a time: a second, while the first waits, is an error."""
+        waiter = self._data_waiter
+        if waiter is not None and not waiter.done():
             raise RuntimeError("another coroutine is already waiting for this connection's data")
         if self._reading_paused:  # (a waiting reader wants more than is buffered)
             self._resume_reading()
-        self._data_waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._data_waiter
-        finally:
-            self._data_waiter = None
+        waiter = self._data_waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+    async def wait_for_data(self) -> None:
+        """Until more bytes, EOF or the loss of the connection arrive."""
+        await self.data_waiter()
 
     def feed(self, data: bytes) -> None:
         """Deliver `data` as a transport's read would (tests, in-process pipes)."""
@@ -201,17 +207,19 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def _wake(self) -> None:
         waiter = self._data_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._data_waiter = None
+            if not waiter.done():  # (cancelled: its reader was)
+                waiter.set_result(None)
 
     def _resume_reading(self) -> None:
         self._reading_paused = False
         if self.transport is not None and not self.lost:
-            self.transport.resume_reading()  # type: ignore[attr-defined]
+            self.transport.resume_reading()
 
     def _pause_reading(self) -> None:
         try:
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self.transport.pause_reading()
         except (AttributeError, NotImplementedError):
             return  # (a transport that cannot pause: the buffer just grows)
         self._reading_paused = True

@@ -41,6 +41,8 @@ GROUP = "quire_native"
 
 MODULES: tuple[str, ...] = (
     "protocol.wire",
+    "protocol.frame_protocol",
+    "protocol.stream",
     "coordinator.append_lane",
     "coordinator.append_api",
     "coordinator.spool",

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from .errors import ProtocolError
+from .errors import ProtocolError, caused
 from .frame_protocol import FrameProtocol
 from .messages import ErrorFrame, Message
 from .resolve import is_address, resolve
@@ -50,7 +50,7 @@ class ConnectionClosed(ProtocolError):
     """The peer closed the connection (cleanly or not) between or inside frames."""
 
 
-async def serve_frames(handler: Callable[[FrameStream], Awaitable[None]], host: str, port: int,
+async def serve_frames(handler: Callable[[FrameStream], Coroutine[Any, Any, None]], host: str, port: int,
                        **kw: Any) -> asyncio.Server:
     """A server whose every connection runs `handler(FrameStream)` in its own task
     (`kw` as loop.create_server's: ssl, backlog, ssl_handshake_timeout, ...). A handler
@@ -74,7 +74,7 @@ def _handler_done(task: asyncio.Task[None], protocol: FrameProtocol) -> None:
         "message": "frame connection handler failed", "exception": task.exception(),
         "protocol": protocol})
     if protocol.transport is not None:
-        protocol.transport.abort()  # type: ignore[attr-defined]
+        protocol.transport.abort()
 
 
 class FrameStream:
@@ -84,7 +84,8 @@ class FrameStream:
     def __init__(self, protocol: FrameProtocol) -> None:
         self.protocol = protocol
         transport = protocol.transport
-        self.transport = transport
+        self.transport: Any = transport
+        """The protocol's transport (`Any`: uvloop's are not asyncio.Transport instances)."""
         self._out: list[bytes | memoryview] = []
         self._queued = 0
         self._flush_pending = False
@@ -96,7 +97,7 @@ class FrameStream:
         if transport is None:
             return
         try:
-            self._high = transport.get_write_buffer_limits()[1]  # type: ignore[attr-defined]
+            self._high = transport.get_write_buffer_limits()[1]
         except (AttributeError, NotImplementedError):
             pass
         sock = transport.get_extra_info("socket")
@@ -147,11 +148,19 @@ class FrameStream:
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
+    def reusable(self) -> bool:
+        """Open both ways with nothing unread: an idle connection that may carry the next
+        RPC (a pool's test, one call instead of at_eof() + is_closing()). A peer that sent
+        EOF, or bytes nobody asked for, makes it unusable: they are not an answer to it."""
+        p = self.protocol
+        t = self.transport
+        return not (p.eof or p.lost or p.end != p.start or t is None or t.is_closing())
+
     async def wait_readable(self) -> None:
         """Until a byte is buffered or the connection ends; consumes nothing."""
         p = self.protocol
         while not p.buffered and not p.eof and not p.lost:
-            await p.wait_for_data()
+            await p.data_waiter()
 
     def read_buffered(self) -> Frame | None:
         """The next frame if all of it is already buffered, else None (no waiting).
@@ -163,7 +172,8 @@ class FrameStream:
         buf, start = p.buf, p.start
         if p.end - start < PREFIX_SIZE:
             return None
-        kind, hlen, plen = check_fields(*PREFIX.unpack_from(buf, start))
+        length, kind, hlen = PREFIX.unpack_from(buf, start)
+        kind, hlen, plen = check_fields(length, kind, hlen)
         total = PREFIX_SIZE + hlen + plen
         if p.end - start < total:
             return None
@@ -236,20 +246,25 @@ class FrameStream:
 
     async def read(self) -> Frame:
         """The next frame; one wake-up per frame (its prefix is checked as soon as it is
-        here, so a hostile length is refused before its body is waited for)."""
+        here, so a hostile length is refused before its body is waited for).
+
+        One coroutine level: the protocol's data future is awaited here, not through a
+        coroutine of its own, and the buffer is not looked at before a prefix is in it
+        (every client append and every frame a coordinator reads comes through here)."""
         p = self.protocol
         while True:
-            frame = self.read_buffered()
-            if frame is not None:
-                return frame
+            if p.end - p.start >= PREFIX_SIZE:
+                frame = self.read_buffered()
+                if frame is not None:
+                    return frame
             exc = p.exc
-            if isinstance(exc, ConnectionError):
-                raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
             if exc is not None:
+                if isinstance(exc, ConnectionError):
+                    raise caused(ConnectionClosed(str(exc) or type(exc).__name__), exc)
                 raise exc  # (an ssl.SSLError, say)
             if p.eof or p.lost:  # a partial frame (or none) at EOF
                 raise ConnectionClosed("connection closed by peer")
-            await p.wait_for_data()
+            await p.data_waiter()
 
     async def read_message(self, expect: type[M] | tuple[type, ...]) -> tuple[M, memoryview | bytes]:
         return self.expect(await self.read(), expect)
@@ -284,7 +299,7 @@ class FrameStream:
             self._out += bufs
             self.flush()
         else:
-            self.transport.writelines(bufs)  # type: ignore[union-attr]
+            self.transport.writelines(bufs)
 
     def _deferred_flush(self) -> None:
         self._flush_pending = False
@@ -307,7 +322,7 @@ class FrameStream:
                     if transport is not None:
                         transport.abort()  # (not self.abort: nothing queued may leave)
                     raise
-            self.transport.writelines(out)  # type: ignore[union-attr]
+            self.transport.writelines(out)
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
         self.write(message, payload)
@@ -328,7 +343,7 @@ class FrameStream:
         try:
             await self.protocol.drain()
         except ConnectionError as exc:
-            raise ConnectionClosed(str(exc) or type(exc).__name__) from exc
+            raise caused(ConnectionClosed(str(exc) or type(exc).__name__), exc)
 
     async def send_error(self, message: str, status: Status = Status.BAD_REQUEST) -> None:
         try:

@@ -193,10 +193,11 @@ class ConnectionPool:
         while idle:
             conn = idle.pop()
             # Not stale: the peer closed an idle connection (coordinator restart, idle
-            # timeout) and the reader has already seen EOF, or its token expires (the
+            # timeout) and the reader has already seen EOF (or unasked-for bytes wait
+            # unread: not an answer to the next RPC), or its token expires (the
             # coordinator would refuse it). Detecting it here keeps a dead pooled
             # connection from turning a safe append into an ambiguous one.
-            if not (conn.broken or conn.stream.at_eof() or conn.stream.is_closing()
+            if not (conn.broken or not conn.stream.reusable()
                     or (conn.expires is not None and conn.expires <= time.time() + 1.0)):
                 return conn
             conn.abort()

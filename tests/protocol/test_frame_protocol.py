@@ -35,6 +35,9 @@ class _Transport:
     def resume_reading(self) -> None:
         self.paused = False
 
+    def is_closing(self) -> bool:
+        return False
+
 
 def _deliver(protocol: FrameProtocol, data: bytes, cuts: list[int]) -> None:
     """`data` as reads of the given sizes (the rest in one), each into get_buffer's view."""
@@ -163,3 +166,47 @@ def test_large_frames_both_ways_over_tls(tmp_path, loop_kind: str) -> None:  # n
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+def test_a_read_waits_on_the_protocols_future_one_reader_at_a_time() -> None:
+    """FrameStream.read awaits the protocol's data future itself (no coroutine of the
+    protocol's between): the frame arrives whole across several reads, a second reader
+    while one waits is refused, and a cancelled read leaves the connection readable."""
+
+    async def main() -> None:
+        protocol = FrameProtocol()
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        stream = FrameStream(protocol)
+        data = encode_frame_bytes(m.AppendChunk(), b"payload")
+        first = asyncio.ensure_future(stream.read())
+        await asyncio.sleep(0)  # (it waits on the protocol's future now)
+        with pytest.raises(RuntimeError, match="already waiting"):
+            await stream.read()
+        for i in range(len(data)):  # a byte at a time: each wakes it, one frame comes out
+            protocol.feed(data[i:i + 1])
+            await asyncio.sleep(0)
+        assert (await asyncio.wait_for(first, 5)).payload == b"payload"
+        cancelled = asyncio.ensure_future(stream.read())
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        later = asyncio.ensure_future(stream.read())  # not refused: the waiter was cancelled
+        protocol.feed(encode_frame_bytes(m.AppendCommit()))
+        assert isinstance((await asyncio.wait_for(later, 5)).message, m.AppendCommit)
+
+    asyncio.run(main())
+
+
+def test_reusable_means_open_with_nothing_unread() -> None:
+    """The client pool's test of an idle connection (quire/client/connection.py)."""
+    protocol = FrameProtocol()
+    protocol.connection_made(_Transport())  # type: ignore[arg-type]
+    stream = FrameStream(protocol)
+    assert stream.reusable()
+    protocol.feed(encode_frame_bytes(m.AppendCommit()))
+    assert not stream.reusable()  # bytes nobody asked for: no answer to the next RPC
+    assert stream.read_buffered() is not None and stream.reusable()
+    protocol.eof_received()
+    assert not stream.reusable()
+    assert not FrameStream(FrameProtocol()).reusable()  # (never connected)
