@@ -41,6 +41,7 @@ WRITE_BEHIND = 1 << 20
 past it writes what is held first)."""
 _IOV_MAX = 1024
 """Buffers per pwritev (Linux's IOV_MAX)."""
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_TRUNC
 OVERLAP = 256 << 10
 """Writes of at least this many bytes go to the writer thread (module docstring)."""
 
@@ -130,7 +131,7 @@ class DiskFile:
     def __init__(self, path: Path, files: DiskFiles | None = None, fd: int = -1) -> None:
         self.path: str | None = str(path)
         self._files = files
-        self._fd = fd if fd >= 0 else os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = fd if fd >= 0 else os.open(path, _CREATE, 0o644)
         self._held: list[bytes] = []
         """Writes held for the end of the loop turn: contiguous, from `_at` to `_end`."""
         self._at = self._end = 0
@@ -290,13 +291,25 @@ class DiskFiles:
         self._seq = 0
 
     def create(self, journal: str, begin: int) -> SpoolFile:
+        """A new spool file. The journal's directory is made only when the file cannot
+        be made without it (its first fragment here, or after a cleanup): a journal's
+        later fragments cost no mkdir and stat (each journal's first append of a run
+        comes here at each of its members)."""
         path = self.root / journal / f"{begin:016x}.spool"
-        path.parent.mkdir(parents=True, exist_ok=True)
         if self._free:
             fd, old = self._free.pop()
-            os.rename(old, path)
+            try:
+                os.rename(old, path)
+            except FileNotFoundError:
+                os.makedirs(path.parent, exist_ok=True)
+                os.rename(old, path)
             return DiskFile(path, self, fd)
-        return DiskFile(path, self)
+        try:
+            fd = os.open(path, _CREATE, 0o644)
+        except FileNotFoundError:
+            os.makedirs(path.parent, exist_ok=True)
+            fd = os.open(path, _CREATE, 0o644)
+        return DiskFile(path, self, fd)
 
     def recycle(self, fd: int, path: str) -> bool:
         if len(self._free) >= self._limit or (self.health is not None and not self.health.ok):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 
 import pytest
 from hypothesis import settings
@@ -250,3 +252,33 @@ def test_drop_after_forgets_a_superseded_primarys_unacknowledged_commits() -> No
     # The next commit continues from the kept prefix with a consistent running SHA-1.
     spool.apply(ReplicateContent(content_delta=0), b"next")
     assert spool.next().sum == hashlib.sha1(b"acked;next").hexdigest()
+
+
+def test_a_spool_file_makes_its_journals_directory_only_when_it_is_missing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    files = DiskFiles(tmp_path / "spool", recycle=1)
+    made: list[str] = []
+    real = os.makedirs
+
+    def makedirs(path, **kw):  # noqa: ANN001, ANN202 - (it recurses through the name)
+        if str(path).endswith(("journal", "other")):
+            made.append(str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    first = files.create("a/b/journal", 0)  # its first fragment: the directories are made
+    first.write_at(0, b"one")
+    first.flush()
+    assert made == [str(tmp_path / "spool" / "a/b/journal")]
+    second = files.create("a/b/journal", 3)  # a later one: none made
+    assert made == [str(tmp_path / "spool" / "a/b/journal")]
+    second.discard()  # (pooled: the next file is this one, renamed)
+    shutil.rmtree(tmp_path / "spool" / "a")  # removed meanwhile: made again, file and pooled file alike
+    third = files.create("a/b/journal", 9)
+    third.write_at(0, b"three")
+    third.flush()
+    assert third.read_at(0, 5) == b"three" and len(made) == 2
+    fourth = files.create("other", 0)
+    assert fourth.path == str(tmp_path / "spool" / "other" / f"{0:016x}.spool") and len(made) == 3
+    for f in (first, third, fourth):
+        f.discard(recycle=False)
+    files.close()
