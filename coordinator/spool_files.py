@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from protocol import Fragment
 
+from .spool_spares import Spares, take_spare
+
 if TYPE_CHECKING:  # an annotation only (the Host sets it; spool_health imports nothing of ours)
     from .spool_health import SpoolHealth
 
@@ -84,6 +86,9 @@ class SpoolFile(Protocol):
 
 class FileFactory(Protocol):
     def create(self, journal: str, begin: int) -> SpoolFile: ...
+    def prepare(self, journal: str) -> None:
+        """The journal is hosted here now: make ready, off the event loop, what its
+        first spool file needs (spool_spares.py)."""
 
 
 class MemoryFile:
@@ -118,6 +123,9 @@ class MemoryFile:
 class MemoryFiles:
     def create(self, journal: str, begin: int) -> SpoolFile:
         return MemoryFile()
+
+    def prepare(self, journal: str) -> None:
+        pass
 
 
 class DiskFile:
@@ -289,13 +297,20 @@ class DiskFiles:
         self._limit = recycle
         self._free: list[tuple[int, Path]] = []
         self._seq = 0
+        self.spares = Spares(self.root)
+
+    def prepare(self, journal: str) -> None:
+        """Queue the making of the journal's directory and spare file (spool_spares.py)."""
+        self.spares.add(journal)
 
     def create(self, journal: str, begin: int) -> SpoolFile:
-        """A new spool file. The journal's directory is made only when the file cannot
-        be made without it (its first fragment here, or after a cleanup): a journal's
-        later fragments cost no mkdir and stat (each journal's first append of a run
-        comes here at each of its members)."""
+        """A new spool file: the journal's spare if there is one (spool_spares.py), else
+        a pooled file, else a new one. The journal's directory is made only when the file
+        cannot be made without it: a journal's later fragments cost no mkdir and stat."""
         path = self.root / journal / f"{begin:016x}.spool"
+        fd = take_spare(path.parent, path)  # (made when the journal came here)
+        if fd is not None:
+            return DiskFile(path, self, fd)
         if self._free:
             fd, old = self._free.pop()
             try:
@@ -325,6 +340,7 @@ class DiskFiles:
         return True
 
     def close(self) -> None:
+        self.spares.close()
         while self._free:
             fd, path = self._free.pop()
             os.close(fd)

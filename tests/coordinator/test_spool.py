@@ -282,3 +282,39 @@ def test_a_spool_file_makes_its_journals_directory_only_when_it_is_missing(tmp_p
     for f in (first, third, fourth):
         f.discard(recycle=False)
     files.close()
+
+
+def test_a_hosted_journals_first_spool_file_is_its_spare(tmp_path) -> None:  # noqa: ANN001
+    """The directory and a spare file are made on a thread when the journal is hosted
+    (spool_spares.py); its first spool file is that spare, renamed; later ones are made."""
+    from coordinator.spool_spares import SPARE
+    from tools.services import wait_for
+
+    files = DiskFiles(tmp_path / "spool")
+    files.prepare("a/journal")
+    files.prepare("a/journal")  # (twice: one spare)
+    wait_for(files.spares.idle, timeout=10, what="the spare maker to finish")
+    spare = tmp_path / "spool" / "a/journal" / SPARE
+    assert spare.is_file() and spare.stat().st_size == 0 and files.spares.made == 1
+    inode = spare.stat().st_ino
+    s = Spool("a/journal", files=files)
+    s.apply_content(0, b"first bytes")
+    s.apply_proposal(s.commit_proposal())
+    f = s.file
+    assert f is not None and f.path == str(tmp_path / "spool" / "a/journal" / f"{0:016x}.spool")
+    assert os.stat(f.path).st_ino == inode and not spare.exists()
+    assert s.read_committed(0, 100) == b"first bytes"
+    # A journal with no spare (not hosted through the host, or its spare not made yet)
+    # makes its file as before.
+    other = files.create("b/journal", 5)
+    other.write_at(0, b"x")
+    other.flush()
+    assert other.read_at(0, 1) == b"x"
+    # Recovery leaves a spare alone: it is neither an open spool nor a fragment.
+    files.prepare("c/journal")
+    wait_for(files.spares.idle, timeout=10, what="the spare maker to finish")
+    from coordinator.recovery import scan_spool_dir
+    assert scan_spool_dir(files, lambda j: None) == {}
+    assert (tmp_path / "spool" / "c/journal" / SPARE).is_file()
+    other.discard(recycle=False)
+    files.close()
