@@ -132,6 +132,9 @@ class Host:
         r = self.replicas.get(journal)
         if r is None:
             r = self.replicas[journal] = Replica(journal, self.files, self._on_closed)
+            # Its directory and first spool file, made now on a thread: its first append
+            # (at each member) then makes no inode on the event loop (spool_spares.py).
+            self.files.prepare(journal)
             local = self.recovered.take(journal)
             r.adopt_local(local)
             # The producer table, replayed from the marks log a previous run left (only

@@ -7,9 +7,16 @@ FrameStream of its own. It is full duplex (protocol pipelining):
 
 * the *send side* is owned by whichever append holds `replica.pipeline_lock`; it
   applies each message to the local spool and writes it to every peer, in order;
-* the *receive side* is one reader task (while acknowledgements are outstanding): an
-  append that has sent its commit takes a ticket (a future), and the reader resolves
-  tickets in order, as many per wake-up as the peers' buffered answers complete.
+* the *receive side* resolves tickets: an append that has sent its commit takes a
+  ticket (a future), and tickets are resolved in order, as many per wake-up as the
+  peers' buffered answers complete. When every peer stream is a channel of a
+  multiplexed connection, that happens where the answers land: the connection calls
+  the pipeline once per wake-up in which its channel received frames (protocol/mux.py
+  `Channel.listener`), so a commit costs no task, no timeout context and no future of
+  the reader's own — one pass over the connection's bytes resolves the commits of
+  every journal it carries — and one timer per pipeline bounds the wait (ACK_TIMEOUT
+  without progress). Otherwise (a peer that does not multiplex) one reader task does
+  it while acknowledgements are outstanding.
 
 A pipeline is torn down and rebuilt only when the route changes or a peer fails;
 once broken (any send or receive error) it stays broken and every later user fails
@@ -88,6 +95,15 @@ class Pipeline:
         self._tickets: deque[tuple[asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]], bool]] = deque()
         self._answers: list[deque[ReplicateResponse]] = [deque() for _ in self._streams]
         self._reader: asyncio.Task[None] | None = None
+        self._listening = bool(self._streams) and all(isinstance(st, Channel) for st in self._streams)
+        """Every peer is a mux channel: tickets resolve in the channels' listener."""
+        self._resolving = False
+        self._resolved = 0
+        """Tickets resolved so far (the ack timer's measure of progress)."""
+        self._timer: asyncio.TimerHandle | None = None
+        if self._listening:
+            for st in self._streams:
+                st.listener = self._on_answers  # type: ignore[union-attr]
         self.fence: Callable[[], bool] | None = None
         """False once our keyspace shows the route superseded (fence.PrimaryFence): no
         commit is acknowledged after that (an early exit; the peers are the fence)."""
@@ -216,9 +232,116 @@ class Pipeline:
                 fut.set_exception(exc)
         else:
             self._tickets.append((fut, must_ok))
-            if self._reader is None:
+            if self._listening:
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(
+                        ACK_TIMEOUT, self._ack_timer, self._resolved)
+                for st in self._streams:  # (answers already here, or a channel gone)
+                    if st.inbox or st.closed is not None:  # type: ignore[union-attr]
+                        self._on_answers()
+                        break
+            elif self._reader is None:
                 self._reader = asyncio.get_running_loop().create_task(self._read_acks())
         return fut
+
+    def _on_answers(self) -> None:
+        """The channels' listener (protocol/mux.py): take every buffered answer and
+        resolve the tickets they complete; a channel that ended with tickets
+        outstanding, or any failure, breaks the pipeline and fails them. Never raises
+        (it runs in the connection's receive callback)."""
+        if self._resolving:
+            return  # (a channel aborted by our own _fail: the handler below sees to it)
+        tickets = self._tickets
+        self._resolving = True
+        try:
+            if self.broken is not None:
+                if tickets:
+                    raise PipelineBroken(f"pipeline broken: {self.broken!r}")
+                return
+            self._take_buffered()
+            if tickets:
+                self._resolve_ready()
+            if tickets:
+                for st, q in zip(self._streams, self._answers):
+                    closed = st.closed  # type: ignore[union-attr]
+                    if closed is not None and not q:
+                        raise PipelineBroken(f"replicate channel ended: {closed}")
+            # (An armed timer stays armed when no ticket is left: it finds none and
+            # lapses; arming and cancelling one per commit would cost more than the
+            # commit's own resolution.)
+        except Exception as exc:  # noqa: BLE001 - every waiting append gets the failure
+            self._fail_tickets(self._fail(exc))
+        finally:
+            self._resolving = False
+
+    def _ack_timer(self, resolved: int) -> None:
+        """ACK_TIMEOUT after it was armed: no ticket resolved since, while some were
+        outstanding, breaks the pipeline (a wait is bounded by ACK_TIMEOUT without
+        progress, at most twice that for one ticket); otherwise armed again."""
+        self._timer = None
+        if not self._tickets or self.broken is not None:
+            return
+        if self._resolved == resolved:
+            self._fail_tickets(self._fail(TimeoutError(
+                f"no acknowledgement from a peer within {ACK_TIMEOUT} s")))
+            return
+        self._timer = asyncio.get_running_loop().call_later(ACK_TIMEOUT, self._ack_timer,
+                                                            self._resolved)
+
+    def _fail_tickets(self, broken: BaseException) -> None:
+        tickets = self._tickets
+        while tickets:
+            fut, _ = tickets.popleft()
+            if not fut.done():
+                fut.set_exception(broken)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _take_buffered(self) -> None:
+        """Every answer already buffered on each peer stream, onto its queue."""
+        expect = FrameStream.expect
+        for s, q in zip(self._streams, self._answers):
+            while True:
+                oks = s.take_copies(ACK_OK_FRAME)  # plain acks: counted, not decoded
+                if oks:
+                    q.extend(repeat(ACK_OK, oks))
+                frame = s.read_buffered()
+                if frame is None:
+                    break
+                q.append(expect(frame, ReplicateResponse)[0])
+
+    def _resolve_ready(self) -> None:
+        """Resolve, in order, every ticket each peer has answered; a must_ok ticket
+        answered otherwise raises (the pipeline breaks)."""
+        tickets, queues = self._tickets, self._answers
+        ready = min(map(len, queues))
+        if not ready:
+            return
+        fence = self.fence
+        if fence is not None and not fence():
+            raise PipelineBroken("route superseded: this coordinator is no "
+                                 "longer the journal's primary")
+        self._flush_local()  # nothing is acknowledged before it is on file
+        for _ in range(min(ready, len(tickets))):
+            fut, must_ok = tickets.popleft()
+            self._resolved += 1
+            answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
+            if must_ok:
+                for pid, resp in answers:
+                    if resp.status == Status.OK:
+                        continue
+                    if resp.status in (Status.SPOOL_FULL, Status.SPOOL_FAILED):
+                        err: PipelineBroken = SpoolWriteFailed(
+                            resp.message or f"peer {pid}: {resp.status.name}", resp.status)
+                    else:
+                        err = PipelineBroken(f"peer {pid} answered {resp.status.name}: "
+                                             f"{resp.message or resp.fragment}")
+                    if not fut.done():  # (popped already: the caller's handler misses it)
+                        fut.set_exception(err)
+                    raise err
+            if not fut.done():
+                fut.set_result(answers)
 
     async def _read_acks(self) -> None:
         """The one reader of every peer stream while tickets are outstanding.
@@ -234,40 +357,8 @@ class Pipeline:
         expect = FrameStream.expect
         try:
             while tickets:
-                for s, q in zip(streams, queues):
-                    while True:
-                        oks = s.take_copies(ACK_OK_FRAME)  # plain acks: counted, not decoded
-                        if oks:
-                            q.extend(repeat(ACK_OK, oks))
-                        frame = s.read_buffered()
-                        if frame is None:
-                            break
-                        q.append(expect(frame, ReplicateResponse)[0])
-                ready = min(map(len, queues))
-                if ready:
-                    fence = self.fence
-                    if fence is not None and not fence():
-                        raise PipelineBroken("route superseded: this coordinator is no "
-                                             "longer the journal's primary")
-                    self._flush_local()  # nothing is acknowledged before it is on file
-                for _ in range(min(ready, len(tickets))):
-                    fut, must_ok = tickets.popleft()
-                    answers = [(pid, q.popleft()) for (pid, _), q in zip(self.peers, queues)]
-                    if must_ok:
-                        for pid, resp in answers:
-                            if resp.status == Status.OK:
-                                continue
-                            if resp.status in (Status.SPOOL_FULL, Status.SPOOL_FAILED):
-                                err: PipelineBroken = SpoolWriteFailed(
-                                    resp.message or f"peer {pid}: {resp.status.name}", resp.status)
-                            else:
-                                err = PipelineBroken(f"peer {pid} answered {resp.status.name}: "
-                                                     f"{resp.message or resp.fragment}")
-                            if not fut.done():  # (popped already: the handler below misses it)
-                                fut.set_exception(err)
-                            raise err
-                    if not fut.done():
-                        fut.set_result(answers)
+                self._take_buffered()
+                self._resolve_ready()
                 if not tickets:
                     break
                 i = next(i for i, q in enumerate(queues) if not q)
@@ -275,12 +366,8 @@ class Pipeline:
                     frame = await streams[i].read()
                 queues[i].append(expect(frame, ReplicateResponse)[0])
         except (Exception, asyncio.CancelledError) as exc:
-            broken = self._fail(exc if not isinstance(exc, asyncio.CancelledError)
-                                else PipelineBroken("cancelled while reading acknowledgements"))
-            while tickets:
-                fut, _ = tickets.popleft()
-                if not fut.done():
-                    fut.set_exception(broken)
+            self._fail_tickets(self._fail(exc if not isinstance(exc, asyncio.CancelledError)
+                                          else PipelineBroken("cancelled while reading acknowledgements")))
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
@@ -322,11 +409,14 @@ class Pipeline:
         """Graceful: wait for in-flight acknowledgements, then close every stream."""
         if self.broken is None:
             reader = self._reader
-            if reader is not None:
+            waiting: asyncio.Future | None = reader
+            if waiting is None and self._tickets:
+                waiting = self._tickets[-1][0]  # (listening: the last ticket resolves last)
+            if waiting is not None:
                 try:
                     async with asyncio.timeout(ACK_TIMEOUT + 1):
-                        await asyncio.shield(reader)
-                except Exception:  # noqa: BLE001 - TimeoutError included
+                        await asyncio.shield(waiting)
+                except Exception:  # noqa: BLE001 - TimeoutError included, or a failed ticket
                     pass
         for _, s in self.peers:
             await s.close()

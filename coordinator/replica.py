@@ -6,7 +6,8 @@ of the primary's pipeline) — plus what readers need: the published write head,
 closed local fragments still on disk, and the remote fragment index.
 
 Idle journals must be cheap, so a Replica starts no task and opens no file: the spool
-file is created on the first content byte, and the reader wake-up future only exists
+file is opened on the first content byte (the spare the host had made for it on a
+thread, spool_spares.py, renamed into place), and the reader wake-up future only exists
 while someone waits.
 
 Visibility: a replica publishes a commit as soon as its spool adopts it (the primary

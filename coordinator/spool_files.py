@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from protocol import Fragment
 
+from .spool_spares import Spares, take_spare
+
 if TYPE_CHECKING:  # an annotation only (the Host sets it; spool_health imports nothing of ours)
     from .spool_health import SpoolHealth
 
@@ -41,6 +43,7 @@ WRITE_BEHIND = 1 << 20
 past it writes what is held first)."""
 _IOV_MAX = 1024
 """Buffers per pwritev (Linux's IOV_MAX)."""
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_TRUNC
 OVERLAP = 256 << 10
 """Writes of at least this many bytes go to the writer thread (module docstring)."""
 
@@ -83,6 +86,9 @@ class SpoolFile(Protocol):
 
 class FileFactory(Protocol):
     def create(self, journal: str, begin: int) -> SpoolFile: ...
+    def prepare(self, journal: str) -> None:
+        """The journal is hosted here now: make ready, off the event loop, what its
+        first spool file needs (spool_spares.py)."""
 
 
 class MemoryFile:
@@ -118,6 +124,9 @@ class MemoryFiles:
     def create(self, journal: str, begin: int) -> SpoolFile:
         return MemoryFile()
 
+    def prepare(self, journal: str) -> None:
+        pass
+
 
 class DiskFile:
     """A file under the spool directory, read and written with pread/pwrite.
@@ -130,7 +139,7 @@ class DiskFile:
     def __init__(self, path: Path, files: DiskFiles | None = None, fd: int = -1) -> None:
         self.path: str | None = str(path)
         self._files = files
-        self._fd = fd if fd >= 0 else os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = fd if fd >= 0 else os.open(path, _CREATE, 0o644)
         self._held: list[bytes] = []
         """Writes held for the end of the loop turn: contiguous, from `_at` to `_end`."""
         self._at = self._end = 0
@@ -288,15 +297,34 @@ class DiskFiles:
         self._limit = recycle
         self._free: list[tuple[int, Path]] = []
         self._seq = 0
+        self.spares = Spares(self.root)
+
+    def prepare(self, journal: str) -> None:
+        """Queue the making of the journal's directory and spare file (spool_spares.py)."""
+        self.spares.add(journal)
 
     def create(self, journal: str, begin: int) -> SpoolFile:
+        """A new spool file: the journal's spare if there is one (spool_spares.py), else
+        a pooled file, else a new one. The journal's directory is made only when the file
+        cannot be made without it: a journal's later fragments cost no mkdir and stat."""
         path = self.root / journal / f"{begin:016x}.spool"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = take_spare(path.parent, path)  # (made when the journal came here)
+        if fd is not None:
+            return DiskFile(path, self, fd)
         if self._free:
             fd, old = self._free.pop()
-            os.rename(old, path)
+            try:
+                os.rename(old, path)
+            except FileNotFoundError:
+                os.makedirs(path.parent, exist_ok=True)
+                os.rename(old, path)
             return DiskFile(path, self, fd)
-        return DiskFile(path, self)
+        try:
+            fd = os.open(path, _CREATE, 0o644)
+        except FileNotFoundError:
+            os.makedirs(path.parent, exist_ok=True)
+            fd = os.open(path, _CREATE, 0o644)
+        return DiskFile(path, self, fd)
 
     def recycle(self, fd: int, path: str) -> bool:
         if len(self._free) >= self._limit or (self.health is not None and not self.health.ok):
@@ -312,6 +340,7 @@ class DiskFiles:
         return True
 
     def close(self) -> None:
+        self.spares.close()
         while self._free:
             fd, path = self._free.pop()
             os.close(fd)

@@ -16,7 +16,11 @@ of its channels, whose pipelines then rebuild as they did over their own connect
 
 Received bytes are parsed where they land, in the protocol's `on_data` callback
 (frame_protocol.py): every complete frame is handed to its channel synchronously, so a
-wake-up of the connection costs no task switch per channel or per frame. A frame is
+wake-up of the connection costs no task switch per channel or per frame. A channel with
+a `listener` (the pipeline's acknowledgement reader, coordinator/pipeline.py) is called
+once per wake-up in which it received frames, after the whole pass, and at its end:
+the acknowledgements of every journal on the connection are taken in one pass, with no
+task per journal or per commit. A frame is
 checked as wire.py checks it (`check_fields`) before its body is awaited; a malformed
 one raises ProtocolError from `parse_envelopes` and nothing else.
 
@@ -103,7 +107,7 @@ class Channel:
     the FrameStream methods a pipeline uses (write_encoded, writable, drain, read,
     read_buffered, take_copies, send, read_message, close, abort)."""
 
-    __slots__ = ("conn", "number", "tag", "inbox", "closed", "_waiter")
+    __slots__ = ("conn", "number", "tag", "inbox", "closed", "listener", "touched", "_waiter")
 
     expect = staticmethod(FrameStream.expect)
 
@@ -114,12 +118,21 @@ class Channel:
         self.inbox: deque[Frame] = deque()
         self.closed: BaseException | None = None
         """Why the channel ended (set once: a ChannelClose, the connection's end, ours)."""
+        self.listener: Callable[[], None] | None = None
+        """Called after each pass over received bytes that delivered frames to this
+        channel, and when it ends (it reads `inbox` and `closed` itself; it must not
+        raise: an error there is its own channel's to handle)."""
+        self.touched = False
+        """Listed for the connection's end-of-pass calls."""
         self._waiter: asyncio.Future[None] | None = None
 
     # -- the connection's calls ---------------------------------------------------------
 
     def deliver(self, frame: Frame) -> None:
         self.inbox.append(frame)
+        if self.listener is not None and not self.touched:
+            self.touched = True
+            self.conn.touched.append(self)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -130,6 +143,9 @@ class Channel:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        listener = self.listener
+        if listener is not None:
+            listener()
 
     # -- receive ------------------------------------------------------------------------
 
@@ -212,6 +228,8 @@ class MuxConnection:
         self._queued = 0
         self._flush_pending = False
         self._on_idle = on_idle
+        self.touched: list[Channel] = []
+        """Channels with a listener that received frames in the current pass."""
         self.failed: BaseException | None = None
         self.protocol.on_data = self._on_data
         self._on_data()  # (anything that came with the HelloAck)
@@ -267,10 +285,23 @@ class MuxConnection:
         try:
             parse_envelopes(p, self._sink)
         except ProtocolError as exc:
+            self._notify()  # (what was delivered before the bad envelope counts)
             self.fail(exc)
             return
+        self._notify()
         if p.lost or p.eof:
             self.fail(p.exc or ConnectionClosed("replicate connection closed by peer"))
+
+    def _notify(self) -> None:
+        """Each listening channel that received frames in this pass, called once."""
+        touched = self.touched
+        if touched:
+            self.touched = []
+            for ch in touched:
+                ch.touched = False
+                listener = ch.listener
+                if listener is not None:
+                    listener()
 
     def _sink(self, channel: int, kind: int, view: memoryview, head: int, hlen: int, stop: int) -> None:
         ch = self.channels.get(channel)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 
 import pytest
 from hypothesis import settings
@@ -250,3 +252,69 @@ def test_drop_after_forgets_a_superseded_primarys_unacknowledged_commits() -> No
     # The next commit continues from the kept prefix with a consistent running SHA-1.
     spool.apply(ReplicateContent(content_delta=0), b"next")
     assert spool.next().sum == hashlib.sha1(b"acked;next").hexdigest()
+
+
+def test_a_spool_file_makes_its_journals_directory_only_when_it_is_missing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    files = DiskFiles(tmp_path / "spool", recycle=1)
+    made: list[str] = []
+    real = os.makedirs
+
+    def makedirs(path, **kw):  # noqa: ANN001, ANN202 - (it recurses through the name)
+        if str(path).endswith(("journal", "other")):
+            made.append(str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    first = files.create("a/b/journal", 0)  # its first fragment: the directories are made
+    first.write_at(0, b"one")
+    first.flush()
+    assert made == [str(tmp_path / "spool" / "a/b/journal")]
+    second = files.create("a/b/journal", 3)  # a later one: none made
+    assert made == [str(tmp_path / "spool" / "a/b/journal")]
+    second.discard()  # (pooled: the next file is this one, renamed)
+    shutil.rmtree(tmp_path / "spool" / "a")  # removed meanwhile: made again, file and pooled file alike
+    third = files.create("a/b/journal", 9)
+    third.write_at(0, b"three")
+    third.flush()
+    assert third.read_at(0, 5) == b"three" and len(made) == 2
+    fourth = files.create("other", 0)
+    assert fourth.path == str(tmp_path / "spool" / "other" / f"{0:016x}.spool") and len(made) == 3
+    for f in (first, third, fourth):
+        f.discard(recycle=False)
+    files.close()
+
+
+def test_a_hosted_journals_first_spool_file_is_its_spare(tmp_path) -> None:  # noqa: ANN001
+    """The directory and a spare file are made on a thread when the journal is hosted
+    (spool_spares.py); its first spool file is that spare, renamed; later ones are made."""
+    from coordinator.spool_spares import SPARE
+    from tools.services import wait_for
+
+    files = DiskFiles(tmp_path / "spool")
+    files.prepare("a/journal")
+    files.prepare("a/journal")  # (twice: one spare)
+    wait_for(files.spares.idle, timeout=10, what="the spare maker to finish")
+    spare = tmp_path / "spool" / "a/journal" / SPARE
+    assert spare.is_file() and spare.stat().st_size == 0 and files.spares.made == 1
+    inode = spare.stat().st_ino
+    s = Spool("a/journal", files=files)
+    s.apply_content(0, b"first bytes")
+    s.apply_proposal(s.commit_proposal())
+    f = s.file
+    assert f is not None and f.path == str(tmp_path / "spool" / "a/journal" / f"{0:016x}.spool")
+    assert os.stat(f.path).st_ino == inode and not spare.exists()
+    assert s.read_committed(0, 100) == b"first bytes"
+    # A journal with no spare (not hosted through the host, or its spare not made yet)
+    # makes its file as before.
+    other = files.create("b/journal", 5)
+    other.write_at(0, b"x")
+    other.flush()
+    assert other.read_at(0, 1) == b"x"
+    # Recovery leaves a spare alone: it is neither an open spool nor a fragment.
+    files.prepare("c/journal")
+    wait_for(files.spares.idle, timeout=10, what="the spare maker to finish")
+    from coordinator.recovery import scan_spool_dir
+    assert scan_spool_dir(files, lambda j: None) == {}
+    assert (tmp_path / "spool" / "c/journal" / SPARE).is_file()
+    other.discard(recycle=False)
+    files.close()
