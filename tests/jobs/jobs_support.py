@@ -109,6 +109,7 @@ class Cluster:
         self.services: list[Service] = []
         self.workers: list[CeleryWorkerService] = []
         self.ports: dict[str, int] = {}
+        self.coordinators: dict[str, Service] = {}
         self.client: SyncClient | None = None
 
     # -- processes ---------------------------------------------------------------------
@@ -149,20 +150,21 @@ class Cluster:
         return self
 
     def start(self) -> Cluster:
-        self.start_coordinator("coord-a", 2)
+        self.coordinators["coord-a"] = self.start_coordinator("coord-a", 2)
         self.client = SyncClient([f"127.0.0.1:{self.ports['coord-a']}"], retry_timeout=30)
         self.apply_journals(JOURNALS[:2])
-        # B joins once A is full, so one source journal is B's alone (the allocator may
-        # swap which one: see `held_journal`); C, joining once both are full, takes the
-        # output journal, so pausing B never stops the output.
-        self.coord_b = self.start_coordinator("coord-b", 1)
+        # B joins once A is full, so one source journal is B's alone; C joins once both
+        # are full. Where the output lands, and whether the allocator later moves B's
+        # journal to C, depends on timing: `held` finds whichever coordinator hosts one
+        # source journal alone.
+        self.coordinators["coord-b"] = self.start_coordinator("coord-b", 1)
         self.apply_journals(JOURNALS[2:])
-        self.start_coordinator("coord-c", 8)
+        self.coordinators["coord-c"] = self.start_coordinator("coord-c", 8)
         self.apply_journals((OUTPUT,), LabelSet.of({"topic": "job-output"}))
         return self
 
-    def held_journal(self) -> str:
-        """The source journal coordinator B hosts."""
+    def hosted(self) -> dict[str, set[str]]:
+        """Each coordinator's assigned journals, from etcd."""
         async def body() -> list[str]:
             from topology.etcd import connect
 
@@ -173,11 +175,27 @@ class Cluster:
             finally:
                 await c.close()
 
-        keys = _run(body())
-        mine = sorted({k[len(self.root) + 8:].rsplit("#", 3)[0] for k in keys
-                       if "#local#coord-b#" in k})
-        assert len(mine) == 1 and mine[0] in JOURNALS, keys
-        return mine[0]
+        out: dict[str, set[str]] = {name: set() for name in self.coordinators}
+        for key in _run(body()):
+            journal, _zone, member, _slot = key[len(self.root) + 8:].rsplit("#", 3)
+            out.setdefault(member, set()).add(journal)
+        return out
+
+    def held(self) -> tuple[str, Service]:
+        """A source journal and the coordinator that hosts it alone (no other journal, not
+        the output; not A, the client's endpoint): pausing that coordinator holds back
+        that journal and nothing else.
+        Waited for (bounded) while the allocator settles every journal."""
+        def one() -> tuple[str, Service] | None:
+            hosted = self.hosted()
+            if set().union(*hosted.values()) != {*JOURNALS, OUTPUT}:
+                return None
+            for name, journals in sorted(hosted.items()):
+                if name != "coord-a" and len(journals) == 1 and next(iter(journals)) in JOURNALS:
+                    return next(iter(journals)), self.coordinators[name]
+            return None
+
+        return wait_until(one, 60, "a coordinator hosting one source journal alone")
 
     def apply_journals(self, names: tuple[str, ...], labels: LabelSet = LABELS,
                        fragment: FragmentSpec | None = None) -> None:

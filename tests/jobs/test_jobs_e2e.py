@@ -100,11 +100,11 @@ def test_jobs_windows_run_once_after_persistence(etcd, etcd_root, redis_db, tmp_
                 assert all(a.ranges[j][1] == b.ranges[j][0] for j in JOURNALS)
 
         # -- 2. a journal whose coordinator is stopped holds the window back -------------
-        held_journal = cluster.held_journal()
+        held_journal, holder = cluster.held()
         others = [j for j in JOURNALS if j != held_journal]
         writer.paused.add(held_journal)
         time.sleep(0.5)  # the writer's in-flight append to it finishes
-        cluster.coord_b.pause()
+        holder.pause()
         paused_at = time.time()
         try:
             status = wait_until(
@@ -120,7 +120,7 @@ def test_jobs_windows_run_once_after_persistence(etcd, etcd_root, redis_db, tmp_
             wms = {k.decode(): float(v) for k, v in r.hgetall("quire:watermarks").items()}
             assert wms[held_journal] < held + WINDOW <= min(wms[j] for j in others), wms
         finally:
-            cluster.coord_b.resume()
+            holder.resume()
         resumed_at = time.time()
         writer.paused.discard(held_journal)
         run = wait_until(lambda: next((x for x in _succeeded(cluster, "counts")
