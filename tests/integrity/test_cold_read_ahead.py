@@ -10,17 +10,17 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import msgspec
 import pytest
 import redis
 
 from coordinator.read_relay import ColdReadAhead
 from fragment_store import FileStore, FragmentCorrupt, fragment_key, fragment_name, persist_fragment
 from fragment_store.verified import quarantine_key
-from protocol import FragmentSpec, JournalSpec, Status
+from protocol import Status
 from protocol.fragment import Codec, Fragment
-from tests.coordinator.cluster import Conn, running, until
+from tests.coordinator.cluster import until
 from tests.fragment_store.rot import flip_byte
+from tests.integrity.planted import Planted, cold_read, plant, serving
 from tools.services import RedisService
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,7 +62,7 @@ async def test_read_ahead_hands_on_only_proven_content(tmp_path: Path) -> None:
 async def test_cold_read_ahead_never_passes_rot(etcd, etcd_root, tmp_path: Path) -> None:  # noqa: ANN001
     primary = FileStore((tmp_path / "primary").as_uri() + "/")
     backup = FileStore((tmp_path / "backup").as_uri() + "/")
-    cases = []
+    cases: list[Planted] = []
     with RedisService("redis-cold-ahead") as rds:
         r = redis.Redis.from_url(rds.url)
         specs = []
@@ -70,42 +70,24 @@ async def test_cold_read_ahead_never_passes_rot(etcd, etcd_root, tmp_path: Path)
             for good_copy in (True, False):
                 j = f"ahead/{codec}-{'copy' if good_copy else 'alone'}"
                 content, frags = fragments(j, codec)
-                frags = [persist_fragment(primary, f, content[f.begin:f.end]) for f in frags]
-                if good_copy:
-                    for f in frags:
-                        persist_fragment(backup, f, content[f.begin:f.end])
-                r.set("quire:index:" + j, msgspec.json.encode(tuple(frags)))
-                cases.append((j, frags, content, good_copy))
-                specs.append(JournalSpec(name=j, replication=1, fragment=FragmentSpec(
-                    length=1 << 20, compression_codec=Codec(codec),
-                    stores=(primary.url, backup.url))))
-        with running(etcd.url, etcd_root, n=1, extra=["--redis", rds.url]) as c:
-            node = c.nodes[0]
-            await c.wait_listening(node)
-            admin = await Conn.open(node.endpoint)
-            assert (await admin.apply(*specs)).status == Status.OK
-            await admin.close()
+                case, spec = plant(primary, backup, r, j, codec, content, frags, good_copy)
+                cases.append(case)
+                specs.append(spec)
+        async with serving(etcd.url, etcd_root, rds.url, specs) as node:
+            async def whole(case: Planted) -> bool:
+                return (await cold_read(node.endpoint, case.journal, case.end))[0] == case.content
 
-            async def cold_read(j: str, end: int) -> tuple[bytes, list]:
-                conn = await Conn.open(node.endpoint)
-                try:
-                    return await conn.read(j, 0, end_offset=end)
-                finally:
-                    await conn.close()
-
-            async def whole(j: str, content: bytes) -> bool:
-                return (await cold_read(j, len(content)))[0] == content
-
-            for j, frags, content, _ in cases:  # every replica has loaded its index
-                await until(lambda j=j, content=content: whole(j, content), 60, f"{j} served")
-            for j, frags, content, good_copy in cases:
-                key = fragment_key(frags[1])
+            for case in cases:  # every replica has loaded its index
+                await until(lambda case=case: whole(case), 60, f"{case.journal} served")
+            for case in cases:
+                second = case.fragments[1]
+                key = fragment_key(second)
                 rotten = flip_byte(primary, key)
-                data, metas = await cold_read(j, len(content))
-                if good_copy:
-                    assert data == content, j
+                data, metas = await cold_read(node.endpoint, case.journal, case.end)
+                if case.good_copy:
+                    assert data == case.content, case.journal
                     assert primary.read_all(quarantine_key(key)) == rotten
                 else:
-                    assert data == content[:frags[1].begin], j  # all of the first, none of it
+                    assert data == case.content[:second.begin], case.journal  # all of the first, none of it
                     assert metas[-1].status == Status.FRAGMENT_CORRUPT
-                    assert fragment_name(frags[1]) in metas[-1].message
+                    assert fragment_name(second) in metas[-1].message

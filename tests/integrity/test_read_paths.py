@@ -13,19 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
 import redis
 
 from consumers.recoverylog import Record, encode_record, replay
-from fragment_store import FileStore, fragment_key, fragment_name, persist_fragment, verify_stored
+from fragment_store import FileStore, fragment_key, fragment_name, verify_stored
 from fragment_store.verified import quarantine_key
-from protocol import FragmentSpec, JournalSpec, Status
+from protocol import Status
 from protocol.errors import StatusError
 from protocol.fragment import Codec, Fragment
 from quire.client import Client
-from tests.coordinator.cluster import Conn, running, until
+from tests.coordinator.cluster import until
 from tests.fragment_store.rot import ROT_CODECS, flip_byte
+from tests.integrity.planted import cold_read, plant, served, serving
 from tools.services import RedisService
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,35 +64,17 @@ async def test_coordinator_cli_and_replay_reads_never_pass_rot(etcd, etcd_root, 
                 content = log_content(400, j)
                 f = Fragment(journal=j, begin=0, end=len(content), codec=Codec(codec),
                              sum=hashlib.sha1(content).hexdigest())
-                f = persist_fragment(primary, f, content)
-                if good_copy:
-                    persist_fragment(backup, f, content)
-                r.set("quire:index:" + j, msgspec.json.encode((f,)))
-                cases.append((j, f, content, good_copy))
-                specs.append(JournalSpec(name=j, replication=1, fragment=FragmentSpec(
-                    length=1 << 20, compression_codec=Codec(codec),
-                    stores=(primary.url, backup.url))))
-        with running(etcd.url, etcd_root, n=1, extra=["--redis", rds.url]) as c:
-            node = c.nodes[0]
-            await c.wait_listening(node)
-            admin = await Conn.open(node.endpoint)
-            assert (await admin.apply(*specs)).status == Status.OK
-            await admin.close()
-
-            async def cold_read(j: str, f: Fragment) -> tuple[bytes, list]:
-                conn = await Conn.open(node.endpoint)
-                try:
-                    return await conn.read(j, 0, end_offset=f.end)
-                finally:
-                    await conn.close()
-
+                case, spec = plant(primary, backup, r, j, codec, content, [f], good_copy)
+                cases.append((j, case.fragments[0], content, good_copy))
+                specs.append(spec)
+        async with serving(etcd.url, etcd_root, rds.url, specs) as node:
             for j, f, content, _ in cases:  # every replica has loaded its index
-                await until(lambda j=j, f=f: _served(cold_read, j, f), 60, f"{j} served")
+                await until(lambda j=j, f=f: served(node.endpoint, j, f.end), 60, f"{j} served")
             for j, f, content, good_copy in cases:
                 key = fragment_key(f)
                 rotten = flip_byte(primary, key)
                 # 1. A coordinator's cold read.
-                data, metas = await cold_read(j, f)
+                data, metas = await cold_read(node.endpoint, j, f.end)
                 if good_copy:
                     assert data == content, j
                     assert primary.read_all(quarantine_key(key)) == rotten
@@ -132,7 +114,3 @@ async def test_coordinator_cli_and_replay_reads_never_pass_rot(etcd, etcd_root, 
             ok = cli(node.endpoint, "fragments", "verify", "-j", cases[0][0])
             assert ok.returncode == 0 and b"0 rotten copies" in ok.stdout, ok.stdout + ok.stderr
 
-
-async def _served(cold_read, j: str, f: Fragment) -> bool:  # noqa: ANN001
-    data, metas = await cold_read(j, f)
-    return bool(data) or any(m.status == Status.FRAGMENT_CORRUPT for m in metas)
