@@ -179,5 +179,10 @@ def test_dask_worker_killed_after_append(stream_cluster: Any, dask_cluster: Any,
         assert len(list(faults.glob("*.first"))) == before + 2  # both workers died once
         got = counts(quire, journal)
     assert set(got) == set(range(200))
-    # Each task ran again after its worker died: once with ids, twice without.
-    assert set(got.values()) == ({1} if exactly_once else {2})
+    # Each task ran again after its worker died: with ids every row lands once; without,
+    # every row at least twice — as often as Dask ran its task (a third run when the
+    # scheduler also gave up on a slow worker under load: {2, 3} once in CI).
+    if exactly_once:
+        assert set(got.values()) == {1}
+    else:
+        assert min(got.values()) >= 2, got
