@@ -22,7 +22,11 @@ pytestmark = pytest.mark.timeout(240)
 
 SHARDS = 3
 MESSAGES = 6000
-TTL = 3.0
+TTL = 10.0
+"""The members' lease TTL. Not the 3 s of the other consumer tests: this test checks how the
+holder notices a deleted lock (its own watch), and a member starved past a 3 s lease under
+load (`make test-under-load`) loses its membership first and abandons every shard without
+that path running (seen once, 2026-11-29). A deleted lock's re-lead does not wait on the TTL."""
 
 
 async def test_a_deleted_shard_lock_is_noticed_and_the_shard_led_again(  # noqa: ANN001
@@ -49,7 +53,10 @@ async def test_a_deleted_shard_lock_is_noticed_and_the_shard_led_again(  # noqa:
             await diagnosed(wait_for(lambda: caught_up(client, etcd_client, etcd_root, SHARDS), 90,
                                      "shards to read everything"), members, etcd_client, etcd_root)
             logs = "".join(m.log_text() for m in members)
-            assert "shard lock lost" in logs, "the holder noticed through its own watch"
+            said = [line for line in logs.splitlines()
+                    if any(w in line for w in ("lost", "failed", "fenc", "stopped"))]
+            assert "shard lock lost" in logs, ("the holder noticed through its own watch",
+                                               said[-20:])
             for m in members:
                 assert m.proc.poll() is None, m.log_text()[-3000:]
             for m in members:
