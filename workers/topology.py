@@ -20,7 +20,8 @@ from protocol import JournalSpec
 from topology.etcd import TopologyError, client_for
 from workers.errors import TopologyUnavailable
 
-__all__ = ["Topology", "JournalTopology", "read_topology", "read_journal"]
+__all__ = ["SPEC_TXN", "Topology", "JournalTopology", "read_journal", "read_specs", "read_specs_sync",
+           "read_topology"]
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -123,6 +124,43 @@ async def read_journal(etcd_url: str, root: str, journal: str, *,
                        timeout: float = 10.0) -> JournalTopology | None:
     topo = await read_topology(etcd_url, root, timeout=timeout, journal=journal)
     return topo.journals.get(journal)
+
+
+SPEC_TXN = 100
+"""Spec reads per etcd transaction (etcd allows 128 operations in one)."""
+
+
+async def read_specs(etcd_url: str, root: str, journals: list[str], *,
+                     timeout: float = 10.0) -> Topology:
+    """The specs of `journals` only, without endpoints (an absent one: not in the
+    result): a get per journal, SPEC_TXN to a transaction. What an index
+    `refresh_batch` needs — not every spec, member and assignment of the cluster (40,000
+    keys at 10,000 journals) per batch of 200 (#49)."""
+
+    async def run(client: aetcd.Client) -> Topology:
+        out: dict[str, JournalTopology] = {}
+        for i in range(0, len(journals), SPEC_TXN):
+            chunk = journals[i:i + SPEC_TXN]
+            _, responses = await client.transaction(compare=[], failure=[], success=[
+                client.transactions.get(f"{root}/journals/{name}".encode()) for name in chunk])
+            for name, kvs in zip(chunk, responses, strict=True):
+                for raw, _meta in kvs:
+                    try:
+                        spec = _SPEC.decode(raw)
+                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                        log.warning("skipping a malformed journal spec", journal=name,
+                                    error=str(exc))
+                        continue
+                    out[spec.name] = JournalTopology(spec=spec)
+        return Topology(journals=out)
+
+    return await _with_client(etcd_url, timeout, run)
+
+
+def read_specs_sync(etcd_url: str, root: str, journals: list[str], *,
+                    timeout: float = 10.0) -> Topology:
+    """`read_specs` for Celery tasks (sync code): one event loop per call."""
+    return asyncio.run(read_specs(etcd_url, root, journals, timeout=timeout))
 
 
 def read_topology_sync(etcd_url: str, root: str, *, timeout: float = 10.0,
