@@ -80,14 +80,20 @@ async def _prefix(client: aetcd.Client, prefix: str) -> list[tuple[str, bytes]]:
 
 
 async def read_topology(etcd_url: str, root: str, *, timeout: float = 10.0,
-                        journal: str | None = None) -> Topology:
-    """Specs of every journal (or just `journal`), with member endpoints attached."""
+                        journal: str | None = None, endpoints: bool = True) -> Topology:
+    """Specs of every journal (or just `journal`), with member endpoints attached
+    (`endpoints` False: neither members nor assignments are read; no endpoints)."""
+
+    async def nothing() -> list[tuple[str, bytes]]:
+        return []
 
     async def run(client: aetcd.Client) -> Topology:
         jprefix = f"{root}/journals/" + (journal or "")
         aprefix = f"{root}/assign/" + (f"{journal}#" if journal else "")
         specs, members, assigns = await asyncio.gather(
-            _prefix(client, jprefix), _prefix(client, f"{root}/members/"), _prefix(client, aprefix))
+            _prefix(client, jprefix),
+            _prefix(client, f"{root}/members/") if endpoints else nothing(),
+            _prefix(client, aprefix) if endpoints else nothing())
         endpoint_of: dict[str, str] = {}
         for key, raw in members:
             try:
@@ -164,9 +170,10 @@ def read_specs_sync(etcd_url: str, root: str, journals: list[str], *,
 
 
 def read_topology_sync(etcd_url: str, root: str, *, timeout: float = 10.0,
-                       journal: str | None = None) -> Topology:
+                       journal: str | None = None, endpoints: bool = True) -> Topology:
     """For Celery tasks (sync code): one event loop per call."""
-    return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal))
+    return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal,
+                                     endpoints=endpoints))
 
 
 def read_value_sync(etcd_url: str, key: str, *, timeout: float = 10.0) -> bytes | None:

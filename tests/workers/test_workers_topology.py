@@ -58,3 +58,12 @@ async def test_read_specs_reads_only_the_journals_asked_for(etcd, etcd_root) -> 
     assert sorted(topo.journals) == sorted(names[::2])  # no neighbour, absent or garbage
     assert all(t.endpoints == () and t.spec.name == n for n, t in topo.journals.items())
     assert (await read_specs(etcd.url, etcd_root, [], timeout=5)).journals == {}
+
+
+async def test_specs_alone_without_endpoints(etcd, etcd_root) -> None:
+    """The index sweep reads specs alone: no member or assignment is read."""
+    put_journal(etcd, etcd_root, "acme/alone", endpoints=("127.0.0.1:7001",))
+    topo = await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False)
+    assert set(topo.journals) == {"acme/alone"} and topo.journals["acme/alone"].endpoints == ()
+    full = await read_topology(etcd.url, etcd_root, timeout=5)
+    assert full.journals["acme/alone"].endpoints == ("127.0.0.1:7001",)
