@@ -12,7 +12,7 @@
 4. if that digest is the one last published (hash `quire:index-digests`, read for a
    whole `refresh_batch` in one HMGET) and less than REPUBLISH_AFTER ago, the journal
    is unchanged: only `HSET quire:index-refreshed <journal> <unix time>` (the store was
-   looked at) — no manifest read, no SET, no PUBLISH, so an idle journal costs its
+   looked at; one HSET for a batch's unchanged journals) — no manifest read, no SET, no PUBLISH, so an idle journal costs its
    listing and a few Redis round trips, and coordinators nothing (#49). Otherwise:
 5. write the manifest `.quire/index/<journal>/manifest.json` into stores[0] for
    batch readers — the covering set and the spec's labels, so they select journals by
@@ -163,10 +163,12 @@ def _export_stats(journal: str, total: StoreStats) -> None:
     metrics.JOURNAL_OLDEST_FRAGMENT.labels(journal).set(total.oldest)
 
 
-def refresh(journal: str, topo: Topology | None = None, known: Any = _READ) -> dict[str, Any]:
+def refresh(journal: str, topo: Topology | None = None, known: Any = _READ,
+            stamps: dict[str, str] | None = None) -> dict[str, Any]:
     """The task body, callable without Celery; `topo`: a topology read just now (a
     batch's), else the journal's own is read; `known`: the journal's DIGESTS_KEY entry
-    read just now (a batch's), else it is read here."""
+    read just now (a batch's), else it is read here; `stamps`: where an unchanged
+    journal's refresh stamp goes (a batch writes them all at once), else it is written."""
     ws = common.worker_settings()
     s = common.settings()
     started = time.monotonic()
@@ -207,7 +209,10 @@ def refresh(journal: str, topo: Topology | None = None, known: Any = _READ) -> d
     else:
         # Nothing to announce: only say the store was looked at (the sweep's due time,
         # the coordinators' quire_index_age_seconds, the dashboard).
-        r.hset(REFRESHED_KEY, journal, f"{now:.3f}")
+        if stamps is not None:
+            stamps[journal] = f"{now:.3f}"
+        else:
+            r.hset(REFRESHED_KEY, journal, f"{now:.3f}")
     watermark.advance(journal, cover)  # after the publish: readers see the index first
     metrics.INDEX_REFRESH_SECONDS.observe(time.monotonic() - started)
     (log.info if published else log.debug)(
@@ -235,14 +240,19 @@ def refresh_batch(self: Any, journals: list[str]) -> dict[str, Any]:
     topo = read_specs_sync(s.etcd_url, s.etcd_root, journals, timeout=ws.io_timeout)
     digests = common.redis_client().hmget(DIGESTS_KEY, journals) if journals else []
     failed: list[str] = []
+    stamps: dict[str, str] = {}
     published = 0
-    for journal, known in zip(journals, digests, strict=True):
-        with bind(journal=journal, task_id=self.request.id):
-            try:
-                published += bool(refresh(journal, topo, known).get("published", True))
-            except Exception as exc:  # noqa: BLE001 - retried alone
-                log.warning("index refresh failed; retrying it alone", error=repr(exc))
-                failed.append(journal)
+    try:
+        for journal, known in zip(journals, digests, strict=True):
+            with bind(journal=journal, task_id=self.request.id):
+                try:
+                    published += bool(refresh(journal, topo, known, stamps).get("published", True))
+                except Exception as exc:  # noqa: BLE001 - retried alone
+                    log.warning("index refresh failed; retrying it alone", error=repr(exc))
+                    failed.append(journal)
+    finally:
+        if stamps:  # the unchanged journals' stamps, in one HSET
+            common.redis_client().hset(REFRESHED_KEY, mapping=stamps)
     for journal in failed:
         refresh_journal.apply_async(args=[journal])
     log.info("index batch refreshed", journals=len(journals), published=published,
