@@ -252,7 +252,7 @@ def refresh_batch(self: Any, journals: list[str]) -> dict[str, Any]:
                     failed.append(journal)
     finally:
         if stamps:  # the unchanged journals' stamps, in one HSET
-            common.redis_client().hset(REFRESHED_KEY, mapping=stamps)
+            common.redis_client().hset(REFRESHED_KEY, mapping={j: t for j, t in stamps.items()})
     for journal in failed:
         refresh_journal.apply_async(args=[journal])
     log.info("index batch refreshed", journals=len(journals), published=published,
