@@ -22,7 +22,11 @@ index it has (and its local fragments). `load(journal)` fetches one journal at
 once, e.g. when a replica is created.
 
 `quire_index_age_seconds{journal}` is the time since a worker last refreshed the
-index this coordinator holds for the journal.
+index this coordinator holds for the journal. A worker publishes a journal's index
+only when it changed (workers/index.py), but stamps `quire:index-refreshed` at every
+refresh; so every INDEX_AGE_LOOK seconds the watch reads the stamps of the hosted
+journals it holds an index for — one pipeline of HMGETs, no index fetched, decoded or
+applied — and the age stays truthful (within INDEX_AGE_LOOK) for idle journals (#49).
 """
 
 from __future__ import annotations
@@ -75,6 +79,13 @@ def _honour_cancellation() -> None:
 
 HOSTED_LOOK = 1.0
 """Seconds between two looks at the hosted journals (a copy of thousands of names)."""
+
+INDEX_AGE_LOOK = 10.0
+"""Seconds between two reads of the hosted journals' refresh stamps (an unchanged
+journal's refresh publishes nothing): the most `quire_index_age_seconds` lags."""
+
+STAMP_CHUNK = 1000
+"""Journals per HMGET of those stamps (all in one pipeline, one round trip)."""
 
 STORE_LIST_TIMEOUT = 5.0
 """Bound of a coordinator's own listing of a journal's store (no index in Redis)."""
@@ -134,6 +145,7 @@ class IndexWatch:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         batch: int = 256,
+        age_look: float = INDEX_AGE_LOOK,
     ) -> None:
         self.redis_url = redis_url
         self._apply = apply
@@ -144,6 +156,7 @@ class IndexWatch:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.batch = batch
+        self.age_look = age_look
         self._redis: aioredis.Redis | None = None
         self._queued: set[str] = set()
         """Journals waiting for `flush_queued` (their replicas were just created)."""
@@ -203,6 +216,7 @@ class IndexWatch:
             hosted = set(self._journals())
             looked = time.monotonic()
             await self.load_all(hosted)
+            stamped = time.monotonic()
             self.connected.set()
             log.info("index watch subscribed", channel=INDEX_CHANNEL, journals=len(hosted))
             while True:
@@ -228,6 +242,9 @@ class IndexWatch:
                     hosted = now_hosted
                 if updates & hosted:
                     await self.load(sorted(updates & hosted))
+                if time.monotonic() - stamped >= self.age_look:
+                    stamped = time.monotonic()
+                    await self.read_stamps(hosted)
         finally:
             try:
                 async with asyncio.timeout(1.0):
@@ -282,6 +299,34 @@ class IndexWatch:
                 self._loaded(name)
             count += 1
         return count
+
+    async def read_stamps(self, journals: Iterable[str]) -> int:
+        """Read the refresh stamps of those of `journals` we hold an index for; return
+        how many advanced."""
+        names = sorted(j for j in journals if j in self.refreshed_at)
+        if not names:
+            return 0
+        client = self._client()
+
+        async def fetch() -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                for i in range(0, len(names), STAMP_CHUNK):
+                    pipe.hmget(REFRESHED_KEY, names[i:i + STAMP_CHUNK])
+                return await pipe.execute()
+
+        async with asyncio.timeout(self.io_timeout * 2):
+            results = await fetch()
+        _honour_cancellation()
+        advanced = 0
+        for name, stamp in zip(names, (s for chunk in results for s in chunk)):
+            try:
+                t = float(stamp) if stamp is not None else 0.0  # None: removed (published)
+            except ValueError:
+                continue
+            if t > self.refreshed_at.get(name, 0.0):
+                self.refreshed_at[name] = t
+                advanced += 1
+        return advanced
 
     def queue(self, journal: str) -> bool:
         """Queue `journal` to be loaded now (a replica was just created). True when the

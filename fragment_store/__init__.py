@@ -5,7 +5,7 @@ Layer 2: imports `protocol` and third-party libraries only.
     keys      content-addressed object keys (fragment_key / parse_key)
     codecs    none / gzip / zstd / snappy / gzip-offload, streaming
     stores    FragmentStore (file://, s3://) and open_store(url)
-    persist   persist_fragment / list_fragments (and the unproven stream_unverified)
+    persist   persist_fragment / list_fragments[_stats] (and the unproven stream_unverified)
     proof     prove / prove_stored: the SHA-1 proof, quarantine, metrics
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
@@ -37,6 +37,7 @@ from .persist import (
     delete_fragment,
     fragment_url,
     list_fragments,
+    list_fragments_stats,
     persist_fragment,
 )
 from .verified import (
@@ -66,7 +67,7 @@ __all__ = [
     "StoreUnavailable", "clear_store_cache", "compress", "compress_chunks", "compressor",
     "content_encoding", "decode_index", "decompress", "decompress_chunks", "delete_fragment",
     "encode_index", "extension", "fragment_key", "fragment_name", "fragment_url",
-    "journal_prefix", "list_fragments", "manifest_key", "merge", "open_store", "parse_key",
+    "journal_prefix", "list_fragments", "list_fragments_stats", "manifest_key", "merge", "open_store", "parse_key",
     "parse_name", "persist_fragment", "read_fragment", "read_fragments", "read_manifest",
     "write_manifest", "ReadAhead",
 ]

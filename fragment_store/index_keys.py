@@ -9,6 +9,8 @@ the three never disagree on a name. Layer 2: names and encodings only, no IO.
     quire:index-refreshed      hash journal -> unix time of the last refresh
     quire:index-enqueued       hash journal -> unix time a refresh was last enqueued
     quire:journal-stats        hash journal -> JSON StoreStats over all its stores
+    quire:index-digests        hash journal -> "<digest> <unix time>": what was last published
+                               (workers only: an unchanged journal is not published again)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import msgspec
 
 from .stats import StoreStats
 
-__all__ = ["ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "STATS_KEY", "WATERMARKS_KEY",
+__all__ = ["DIGESTS_KEY", "ENQUEUED_KEY", "INDEX_CHANNEL", "INDEX_KEY_PREFIX", "REFRESHED_KEY", "STATS_KEY", "WATERMARKS_KEY",
            "decode_stats", "encode_stats"]
 
 INDEX_CHANNEL = "quire:index-updates"
@@ -25,6 +27,10 @@ INDEX_KEY_PREFIX = "quire:index:"
 REFRESHED_KEY = "quire:index-refreshed"
 ENQUEUED_KEY = "quire:index-enqueued"
 STATS_KEY = "quire:journal-stats"
+DIGESTS_KEY = "quire:index-digests"
+"""Hash journal -> "<digest> <unix time>": the digest of the covering set, labels, stores
+and stats the index refresh last published (and when), written in the index's own
+transaction; a refresh finding the same digest only stamps `quire:index-refreshed`."""
 WATERMARKS_KEY = "quire:watermarks"
 """Hash journal -> persisted watermark (unix seconds), raised by the index refresh
 (workers/watermark.py); read by `quire journals list --stats` and the dashboard."""

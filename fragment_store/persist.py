@@ -26,6 +26,7 @@ from protocol import Codec, Fragment, ValidationError
 from .codecs import compressor, decompress_chunks
 from .errors import ChecksumMismatch, FragmentNotFound, InvalidFragmentKey
 from .keys import fragment_key, journal_prefix, parse_key
+from .stats import EMPTY, StoreStats, add
 from .stores.base import READ_CHUNK, FragmentStore
 
 log = logging.getLogger(__name__)
@@ -141,14 +142,26 @@ def list_fragments(store: FragmentStore, journal: str) -> list[Fragment]:
     Note: a journal nested under this one (`a/b/c` under `a/b`) would list as a path
     postfix `c`; as in Gazette, do not nest journal names inside each other.
     """
+    return list_fragments_stats(store, journal)[0]
+
+
+def list_fragments_stats(store: FragmentStore, journal: str) -> tuple[list[Fragment], StoreStats]:
+    """`list_fragments` and `stats.store_stats` from ONE listing of the journal's prefix
+    (the index refresh needs both, #49): the same objects are counted as listed — the
+    fragment keys; anything else (foreign objects; quarantine lives outside the prefix)
+    is skipped by both."""
     out: list[Fragment] = []
+    total = EMPTY
     for info in store.list(journal_prefix(journal)):
         try:
-            out.append(parse_key(journal, info.key, store_url=store.url, mod_time=info.mod_time))
+            f = parse_key(journal, info.key, store_url=store.url, mod_time=info.mod_time)
         except InvalidFragmentKey as exc:
             log.warning("skipping foreign object %s%s: %s", store.url, info.key, exc.reason)
+            continue
+        out.append(f)
+        total = add(total, StoreStats(1, info.size, info.mod_time, info.mod_time, f.begin, f.end))
     out.sort(key=lambda f: (f.begin, f.end, f.path_postfix))
-    return out
+    return out, total
 
 
 def fragment_url(store: FragmentStore, fragment: Fragment, ttl: float = 60.0) -> str:

@@ -95,14 +95,17 @@ def sweep_lock(name: str, ttl: float) -> Iterator[bool]:
 
 
 @contextmanager
-def sweep_topology(name: str, interval: float) -> Iterator[Topology | None]:
+def sweep_topology(name: str, interval: float, *,
+                   endpoints: bool = True) -> Iterator[Topology | None]:
     """What every beat sweep starts with: hold the `name` sweep lock (ttl: the sweep's
-    `interval`, at least 5 s) and read the whole topology from etcd once. Yields None
-    when another sweep holds the lock (the caller skips its run)."""
+    `interval`, at least 5 s) and read the whole topology from etcd once (`endpoints`
+    False: the specs alone). Yields None when another sweep holds the lock (the caller
+    skips its run)."""
     ws = worker_settings()
     s = settings()
     with sweep_lock(name, ttl=max(5.0, interval)) as held:
-        yield read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout) if held else None
+        yield read_topology_sync(s.etcd_url, s.etcd_root, timeout=ws.io_timeout,
+                                 endpoints=endpoints) if held else None
 
 
 def coordinator_client(endpoints: list[str]) -> Client:

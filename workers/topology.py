@@ -20,7 +20,8 @@ from protocol import JournalSpec
 from topology.etcd import TopologyError, client_for
 from workers.errors import TopologyUnavailable
 
-__all__ = ["Topology", "JournalTopology", "read_topology", "read_journal"]
+__all__ = ["SPEC_TXN", "Topology", "JournalTopology", "read_journal", "read_specs", "read_specs_sync",
+           "read_topology"]
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -79,14 +80,20 @@ async def _prefix(client: aetcd.Client, prefix: str) -> list[tuple[str, bytes]]:
 
 
 async def read_topology(etcd_url: str, root: str, *, timeout: float = 10.0,
-                        journal: str | None = None) -> Topology:
-    """Specs of every journal (or just `journal`), with member endpoints attached."""
+                        journal: str | None = None, endpoints: bool = True) -> Topology:
+    """Specs of every journal (or just `journal`), with member endpoints attached
+    (`endpoints` False: neither members nor assignments are read; no endpoints)."""
+
+    async def nothing() -> list[tuple[str, bytes]]:
+        return []
 
     async def run(client: aetcd.Client) -> Topology:
         jprefix = f"{root}/journals/" + (journal or "")
         aprefix = f"{root}/assign/" + (f"{journal}#" if journal else "")
         specs, members, assigns = await asyncio.gather(
-            _prefix(client, jprefix), _prefix(client, f"{root}/members/"), _prefix(client, aprefix))
+            _prefix(client, jprefix),
+            _prefix(client, f"{root}/members/") if endpoints else nothing(),
+            _prefix(client, aprefix) if endpoints else nothing())
         endpoint_of: dict[str, str] = {}
         for key, raw in members:
             try:
@@ -125,10 +132,48 @@ async def read_journal(etcd_url: str, root: str, journal: str, *,
     return topo.journals.get(journal)
 
 
+SPEC_TXN = 100
+"""Spec reads per etcd transaction (etcd allows 128 operations in one)."""
+
+
+async def read_specs(etcd_url: str, root: str, journals: list[str], *,
+                     timeout: float = 10.0) -> Topology:
+    """The specs of `journals` only, without endpoints (an absent one: not in the
+    result): a get per journal, SPEC_TXN to a transaction. What an index
+    `refresh_batch` needs — not every spec, member and assignment of the cluster (40,000
+    keys at 10,000 journals) per batch of 200 (#49)."""
+
+    async def run(client: aetcd.Client) -> Topology:
+        out: dict[str, JournalTopology] = {}
+        for i in range(0, len(journals), SPEC_TXN):
+            chunk = journals[i:i + SPEC_TXN]
+            _, responses = await client.transaction(compare=[], failure=[], success=[
+                client.transactions.get(f"{root}/journals/{name}".encode()) for name in chunk])
+            for name, kvs in zip(chunk, responses, strict=True):
+                for raw, _meta in kvs:
+                    try:
+                        spec = _SPEC.decode(raw)
+                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                        log.warning("skipping a malformed journal spec", journal=name,
+                                    error=str(exc))
+                        continue
+                    out[spec.name] = JournalTopology(spec=spec)
+        return Topology(journals=out)
+
+    return await _with_client(etcd_url, timeout, run)
+
+
+def read_specs_sync(etcd_url: str, root: str, journals: list[str], *,
+                    timeout: float = 10.0) -> Topology:
+    """`read_specs` for Celery tasks (sync code): one event loop per call."""
+    return asyncio.run(read_specs(etcd_url, root, journals, timeout=timeout))
+
+
 def read_topology_sync(etcd_url: str, root: str, *, timeout: float = 10.0,
-                       journal: str | None = None) -> Topology:
+                       journal: str | None = None, endpoints: bool = True) -> Topology:
     """For Celery tasks (sync code): one event loop per call."""
-    return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal))
+    return asyncio.run(read_topology(etcd_url, root, timeout=timeout, journal=journal,
+                                     endpoints=endpoints))
 
 
 def read_value_sync(etcd_url: str, key: str, *, timeout: float = 10.0) -> bytes | None:

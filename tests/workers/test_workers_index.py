@@ -11,6 +11,8 @@ import uuid
 import pytest
 
 from fragment_store import CoverSet, open_store, persist_fragment, read_manifest
+from fragment_store.index_keys import decode_stats
+from fragment_store.stats import store_stats
 from protocol import Fragment, LabelSet, parse_selector
 from tools.services import S3Service, Service, wait_for
 
@@ -52,6 +54,13 @@ class Updates:
         self._stop.set()
         self._thread.join(5)
         self.pubsub.close()
+
+
+def flush(client, updates: Updates) -> None:
+    """Every update published before this call has been seen by `updates`."""
+    marker = f"flush-{uuid.uuid4().hex[:8]}"
+    client.publish("quire:index-updates", marker)
+    wait_for(lambda: updates.count(marker) >= 1, timeout=10, what="our own marker message")
 
 
 @pytest.fixture
@@ -128,6 +137,7 @@ def test_refresh_of_a_deleted_journal_removes_its_index(
     client.send_task("workers.index.refresh_journal", args=[j], queue="index")
     wait_for(lambda: updates.count(j) >= 2, timeout=30, what="the removal to be published")
     assert not redis_db.client.exists(f"quire:index:{j}")
+    assert not redis_db.client.hexists("quire:index-digests", j)
 
 
 def test_beat_sweep_honors_each_journal_refresh_interval(
@@ -141,12 +151,22 @@ def test_beat_sweep_honors_each_journal_refresh_interval(
         sys.executable, "-m", "celery", "-A", "workers.app", "beat",
         "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"], env=beat_env)
     beat.start()
+    stamps: set[bytes] = set()
+
+    def refreshed_again() -> bool:
+        stamp = redis_db.client.hget("quire:index-refreshed", fast)
+        if stamp is not None:
+            stamps.add(stamp)
+        return len(stamps) >= 4
+
     try:
-        wait_for(lambda: updates.count(fast) >= 4, timeout=30, what="repeated refreshes of the fast journal")
+        wait_for(refreshed_again, timeout=30, what="repeated refreshes of the fast journal")
     finally:
         beat.close()
     # One beat entry serves both journals; the slow one was refreshed once, at first sight.
+    flush(redis_db.client, updates)
     assert updates.count(slow) == 1
+    assert updates.count(fast) == 1  # refreshed 4 times, published once: it never changed
 
 
 def test_sweep_refreshes_due_journals_in_batches(
@@ -168,3 +188,42 @@ def test_sweep_refreshes_due_journals_in_batches(
     text = worker.log_text()
     assert "workers.index.refresh_batch[" in text
     assert "workers.index.refresh_journal[" not in text
+
+
+def test_an_unchanged_journal_is_stamped_not_published(
+        start_worker, client, etcd, etcd_root, file_store, redis_db, updates) -> None:
+    """#49: a refresh that finds the store as it was publishes nothing and does not SET
+    the index (coordinators would fetch, decode and apply it for nothing), yet stamps
+    the refresh; a change is published, with the manifest and stats of that listing."""
+    j = "acme/unchanged"
+    store = open_store(file_store)
+    put_fragment(store, j, 0, b"u" * 50)
+    put_journal(etcd, etcd_root, j, stores=(file_store,))
+    start_worker(queues=("index",))
+    r = redis_db.client
+    key = f"quire:index:{j}"
+
+    def stamp() -> float:
+        return float(r.hget("quire:index-refreshed", j) or 0)
+
+    client.send_task("workers.index.refresh_journal", args=[j], queue="index")
+    wait_for(lambda: updates.count(j) >= 1, timeout=30, what="the first index update")
+    assert decode_stats(r.hget("quire:journal-stats", j)) == store_stats(store, j)
+    r.expire(key, 3600)  # a SET of the index would clear this
+    for task, args in (("workers.index.refresh_journal", [j]),
+                       ("workers.index.refresh_batch", [[j]])):
+        before = stamp()
+        client.send_task(task, args=args, queue="index")
+        wait_for(lambda: stamp() > before, timeout=30, what=f"{task} to stamp the journal")
+    flush(r, updates)
+    assert updates.count(j) == 1
+    assert r.ttl(key) > 0
+
+    c = put_fragment(store, j, 50, b"v" * 30)
+    client.send_task("workers.index.refresh_batch", args=[[j]], queue="index")
+    wait_for(lambda: updates.count(j) >= 2, timeout=30, what="the changed index published")
+    assert r.ttl(key) == -1
+    cover = CoverSet.from_json(r.get(key), j)
+    assert [(f.begin, f.end) for f in cover] == [(0, 50), (50, 80)] and c.sum == cover[-1].sum
+    assert read_manifest(store, j).end_offset == 80
+    assert decode_stats(r.hget("quire:journal-stats", j)) == store_stats(store, j)

@@ -42,3 +42,28 @@ async def test_unreachable_etcd_is_a_typed_retriable_error() -> None:
     with pytest.raises(TopologyUnavailable) as info:
         await read_topology("http://127.0.0.1:1", "/quire", timeout=2)
     assert info.value.retriable
+
+
+async def test_read_specs_reads_only_the_journals_asked_for(etcd, etcd_root) -> None:
+    """An index `refresh_batch` reads its journals' specs only, a transaction of gets per
+    SPEC_TXN journals — not the whole topology per batch (#49)."""
+    from workers.topology import SPEC_TXN, read_specs
+
+    names = [f"acme/spec-{i:03d}" for i in range(SPEC_TXN + 5)]
+    put_keys(etcd, {f"{etcd_root}/journals/{n}": msgspec.json.encode({"name": n}) for n in names})
+    put_journal(etcd, etcd_root, "acme/spec-000-longer")
+    put_keys(etcd, {f"{etcd_root}/journals/acme/garbage": b"{not json"})
+    asked = [*names[::2], "acme/absent", "acme/garbage"]
+    topo = await read_specs(etcd.url, etcd_root, asked, timeout=5)
+    assert sorted(topo.journals) == sorted(names[::2])  # no neighbour, absent or garbage
+    assert all(t.endpoints == () and t.spec.name == n for n, t in topo.journals.items())
+    assert (await read_specs(etcd.url, etcd_root, [], timeout=5)).journals == {}
+
+
+async def test_specs_alone_without_endpoints(etcd, etcd_root) -> None:
+    """The index sweep reads specs alone: no member or assignment is read."""
+    put_journal(etcd, etcd_root, "acme/alone", endpoints=("127.0.0.1:7001",))
+    topo = await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False)
+    assert set(topo.journals) == {"acme/alone"} and topo.journals["acme/alone"].endpoints == ()
+    full = await read_topology(etcd.url, etcd_root, timeout=5)
+    assert full.journals["acme/alone"].endpoints == ("127.0.0.1:7001",)
