@@ -10,7 +10,8 @@ the system part alone), for quire's primary, its two replicas and the client, an
 reference's primary, replicas and client. On a
 shared 2-vCPU machine the rates swing with other work; the CPU per append moves much
 less, so it is the figure to compare versions by (run both back to back, alternating).
-`--profile DIR`: py-spy (raw, 250 Hz) of quire's primary and the client in the last round.
+`--profile DIR`: py-spy (raw, 250 Hz) of quire's primary, one replica (one journal) and
+the client in the last round (DIR/primary.txt, replica.txt, client.txt).
 `--journals N`: the many-journal case of `quire bench` (task i appends to journal i mod N,
 primaries spread over the three coordinators; the reference spreads its N the same way);
 every coordinator is then a primary, so processes are named by their suffix and the
@@ -114,6 +115,9 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
                 spies = [_spy(quire_pids[busiest], Path(args.profile) / "primary.txt", secs),
                          _spy(os.getpid(), Path(args.profile) / "client.txt", secs)]
+                replica = next((k for k in sorted(quire_pids) if k.startswith("replica-")), None)
+                if replica is not None:  # (one journal: the replicas are not primaries)
+                    spies.append(_spy(quire_pids[replica], Path(args.profile) / "replica.txt", secs))
                 await asyncio.sleep(1.0)  # py-spy attaches
             q = await _measure(quire_pids, lambda: append_case(client, target, size, conc, seconds=secs))
             for p in spies:

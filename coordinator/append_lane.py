@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
-from protocol import AppendChunk, AppendCommit, AppendRequest, AppendResponse, Fragment, LabelSet, Status
+from protocol import (AppendChunk, AppendCommit, AppendRequest, AppendResponse, Fragment, LabelSet,
+                      ProcessId, ReplicateProposal, ReplicateResponse, Route, Status)
 from protocol.spec import SuspendLevel
 from protocol.stream import FrameStream
 from protocol.wire import encode_frame
 
 from . import metrics
 from .append_rules import Decision, decide_broken
-from .pipeline import Pipeline, PipelineBroken
+from .pipeline import PipelineBroken
 from .replica import Replica
 
 __all__ = ["Batch", "Lane", "answer", "finish", "ok_header", "try_lane"]
@@ -51,12 +52,37 @@ _COMMIT = (AppendCommit.KIND, bytes(encode_frame(AppendCommit())[0][9:]))
 """(kind, header bytes) of the frames a client streams an append's content with."""
 
 
+class LanePipeline(Protocol):
+    """What the lane uses of a pipeline.Pipeline. A Protocol, not the class: Pipeline is
+    compiled too, and a compiled signature naming it would refuse the tests' fakes
+    (tests/coordinator/fake_pipeline.py), as `ProxiedSource` does for the proxy."""
+
+    broken: BaseException | None
+    synced: bool
+
+    @property
+    def route(self) -> Route: ...
+
+    def send_content(self, data: bytes | memoryview) -> None: ...
+
+    def send_proposal(self, prop: ReplicateProposal, first: bool = False) -> ReplicateResponse: ...
+
+    def write_local(self) -> None: ...
+
+    def writable(self) -> bool: ...
+
+    async def drain(self) -> None: ...
+
+    def ticket(self, must_ok: bool = False, fut: asyncio.Future | None = None
+               ) -> asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]: ...
+
+
 class Batch:
     """The lane appends of one journal in one loop turn, committed together at its end."""
 
     __slots__ = ("replica", "pipeline", "res", "delta", "appends", "done", "error", "failed")
 
-    def __init__(self, replica: Replica, pipeline: Pipeline, res: Any) -> None:
+    def __init__(self, replica: Replica, pipeline: LanePipeline, res: Any) -> None:
         self.replica = replica
         self.pipeline = pipeline
         self.res = res
@@ -81,7 +107,7 @@ class Lane:
     __slots__ = ("res", "replica", "pipeline", "batch", "commit", "registers", "chunks",
                  "error", "known")
 
-    def __init__(self, res: Any, replica: Replica, pipeline: Pipeline, batch: Batch,
+    def __init__(self, res: Any, replica: Replica, pipeline: LanePipeline, batch: Batch,
                  chunks: int, known: int = 0) -> None:
         self.res = res
         self.replica = replica
@@ -108,7 +134,7 @@ def _plain(req: AppendRequest) -> bool:
             and not req.roll_below)
 
 
-def _route_holds(res: Any, pln: Pipeline) -> bool:
+def _route_holds(res: Any, pln: LanePipeline) -> bool:
     """The decisions that depend only on the resolution and the pipeline (cached on
     the replica while both are the same objects): AWAIT_DESIRED_REPLICAS says
     VALIDATE_PRECONDITIONS, START_PIPELINE reuses `pln`, UPDATE_ASSIGNMENTS has nothing
@@ -132,7 +158,7 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
         return None
     ks = broker.keyspace
     res = replica.cached_resolution(ks.revision, req.min_etcd_revision)
-    pln: Pipeline | None = replica.pipeline
+    pln: LanePipeline | None = replica.pipeline
     if res is None or pln is None or pln.broken is not None or not pln.synced \
             or ks.changed_revision > res.header.etcd.revision:
         return None
@@ -170,7 +196,7 @@ def try_lane(broker: Any, conn: FrameStream, req: AppendRequest) -> Lane | None:
     return _stream(req, res, replica, pln, chunks, batch, roll)
 
 
-def _stream(req: AppendRequest, res: Any, replica: Replica, pln: Pipeline,
+def _stream(req: AppendRequest, res: Any, replica: Replica, pln: LanePipeline,
             chunks: list[bytes], batch: Batch, roll: bool) -> Lane:
     """STREAM_CONTENT with every chunk at hand, into the batch (its commit follows)."""
     lane = Lane(res, replica, pln, batch, len(chunks), req.route_revision)

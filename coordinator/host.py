@@ -17,7 +17,7 @@ from protocol.auth import Capability, Keyring
 
 from protocol import Fragment, ProcessId, Route, Suspend
 from protocol.logs import get_logger
-from protocol.mux import MuxPool
+from protocol.mux_pool import MuxPool
 
 from . import metrics
 from .auth_gate import PeerTokens

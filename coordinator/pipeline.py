@@ -21,6 +21,9 @@ FrameStream of its own. It is full duplex (protocol pipelining):
 A pipeline is torn down and rebuilt only when the route changes or a peer fails;
 once broken (any send or receive error) it stays broken and every later user fails
 fast, so no append can be acknowledged on a pipeline with a gap in it.
+
+Compiled with mypyc (protocol/native.py, docs/compiled.md): exact annotations, causes
+set with `caused()` (mypyc drops `raise ... from`), one name per `except` clause.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from protocol import (
     ReplicateContent,
     ReplicateProposal,
     ReplicateResponse,
+    Route,
     Status,
 )
-from protocol.errors import ProtocolError, QuireError
-from protocol.mux import Channel, MuxPool, NotMultiplexed
+from protocol.errors import ProtocolError, QuireError, caused
+from protocol.mux import Channel
+from protocol.mux_pool import MuxPool, NotMultiplexed
 from protocol.stream import FrameStream
 from protocol.wire import Frame, FrameTemplate, encode_frame
 
@@ -95,15 +100,17 @@ class Pipeline:
         self._tickets: deque[tuple[asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]], bool]] = deque()
         self._answers: list[deque[ReplicateResponse]] = [deque() for _ in self._streams]
         self._reader: asyncio.Task[None] | None = None
-        self._listening = bool(self._streams) and all(isinstance(st, Channel) for st in self._streams)
+        channels = [st for st in self._streams if isinstance(st, Channel)]
+        self._channels: list[Channel] = channels if len(channels) == len(self._streams) else []
+        """The peer streams, when every one is a mux channel (else empty)."""
+        self._listening = bool(self._channels)
         """Every peer is a mux channel: tickets resolve in the channels' listener."""
         self._resolving = False
         self._resolved = 0
         """Tickets resolved so far (the ack timer's measure of progress)."""
         self._timer: asyncio.TimerHandle | None = None
-        if self._listening:
-            for st in self._streams:
-                st.listener = self._on_answers  # type: ignore[union-attr]
+        for ch in self._channels:
+            ch.listener = self._on_answers
         self.fence: Callable[[], bool] | None = None
         """False once our keyspace shows the route superseded (fence.PrimaryFence): no
         commit is acknowledged after that (an early exit; the peers are the fence)."""
@@ -141,12 +148,12 @@ class Pipeline:
         except (OSError, asyncio.TimeoutError, ProtocolError) as exc:
             for _, s in streams:
                 s.abort()
-            raise PipelineBroken(f"connecting to peers of {route}: {exc!r}") from exc
+            raise caused(PipelineBroken(f"connecting to peers of {route}: {exc!r}"), exc)
         metrics.PIPELINE_REBUILDS.inc()
         return cls(replica, header, me, streams)
 
     @property
-    def route(self):  # noqa: ANN201
+    def route(self) -> Route:
         return self.header.route
 
     @property
@@ -173,7 +180,7 @@ class Pipeline:
         try:
             local = self.spool.apply_proposal(prop, primary=True, epoch=self.revision)
         except OSError as exc:  # a roll's seal or a rollback's truncate of a failing disk
-            raise self._spool_failed(exc) from exc
+            raise caused(self._spool_failed(exc), exc)
         if first:
             prop = msgspec.structs.replace(prop, header=self.header)
         self._send(encode_frame(prop))
@@ -185,7 +192,7 @@ class Pipeline:
         try:
             self.spool.apply_content(delta, data)
         except OSError as exc:
-            raise self._spool_failed(exc) from exc
+            raise caused(self._spool_failed(exc), exc)
         self._send(_CONTENT_AT_0.encode(data) if delta == 0
                    else encode_frame(ReplicateContent(content_delta=delta), data))
 
@@ -195,7 +202,7 @@ class Pipeline:
             for s in self._streams:
                 s.write_encoded(bufs)
         except Exception as exc:  # noqa: BLE001 - any write error breaks the pipeline
-            raise self._fail(exc) from exc
+            raise caused(self._fail(exc), exc)
 
     def writable(self) -> bool:
         """No peer stream is over its high-water mark (drain() would not wait)."""
@@ -210,7 +217,7 @@ class Pipeline:
             for s in self._streams:
                 await s.drain()
         except Exception as exc:  # noqa: BLE001
-            raise self._fail(exc) from exc
+            raise caused(self._fail(exc), exc)
 
     # -- receive side -----------------------------------------------------------------
 
@@ -236,8 +243,8 @@ class Pipeline:
                 if self._timer is None:
                     self._timer = asyncio.get_running_loop().call_later(
                         ACK_TIMEOUT, self._ack_timer, self._resolved)
-                for st in self._streams:  # (answers already here, or a channel gone)
-                    if st.inbox or st.closed is not None:  # type: ignore[union-attr]
+                for ch in self._channels:  # (answers already here, or a channel gone)
+                    if ch.inbox or ch.closed is not None:
                         self._on_answers()
                         break
             elif self._reader is None:
@@ -262,8 +269,8 @@ class Pipeline:
             if tickets:
                 self._resolve_ready()
             if tickets:
-                for st, q in zip(self._streams, self._answers):
-                    closed = st.closed  # type: ignore[union-attr]
+                for ch, q in zip(self._channels, self._answers):
+                    closed = ch.closed
                     if closed is not None and not q:
                         raise PipelineBroken(f"replicate channel ended: {closed}")
             # (An armed timer stays armed when no ticket is left: it finds none and
@@ -379,7 +386,7 @@ class Pipeline:
         try:
             self.spool.flush()
         except OSError as exc:
-            raise self._spool_failed(exc) from exc
+            raise caused(self._spool_failed(exc), exc)
 
     def write_local(self) -> None:
         """Before a commit leaves: every byte it covers is on our spool file, or the
@@ -401,7 +408,10 @@ class Pipeline:
         """Our turn's answers, one per peer (the reader enforces ACK_TIMEOUT)."""
         return await ticket
 
-    gather_ok = gather  # a must_ok ticket only resolves with all-OK answers
+    async def gather_ok(self, ticket: asyncio.Future[list[tuple[ProcessId, ReplicateResponse]]]
+                        ) -> list[tuple[ProcessId, ReplicateResponse]]:
+        """`gather` (a must_ok ticket only resolves with all-OK answers)."""
+        return await ticket
 
     # -- teardown ---------------------------------------------------------------------
 

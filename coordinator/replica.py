@@ -88,7 +88,7 @@ class Replica:
         self._on_closed = on_closed
         self._log = log.bind(journal=journal)
         self._pulse_pending = False
-        self.resolution = None
+        self.resolution: Any = None
         """The append FSM's last primary resolution (reused while the keyspace is still)."""
         self.lane: tuple[object, object] | None = None
         """(resolution, pipeline) the whole-append lane last found its route checks true
@@ -102,8 +102,9 @@ class Replica:
         """The spool's end at the last synchronization a primary's stream proved (a
         replica rolled forward by a sync holds no bytes of the gap it skipped, so this
         raises the reported write head without making the gap look unwritten)."""
-        self.stream = None
-        """(fence.StreamFence, FrameStream) of the replicate stream holding the spool."""
+        self.stream: tuple[Any, Any] | None = None
+        """(fence.StreamFence, FrameStream or mux channel) of the replicate stream holding
+        the spool (annotated: the compiled replicate_api reads it, docs/compiled.md)."""
         self.retired = False
         """The assignment went away (retire()) and has not come back: fragments closed
         now are a former member's, checked against the route before they are persisted

@@ -17,6 +17,8 @@ The stream's set-up (`open_session`) is asynchronous; once it holds the spool, e
 frame is applied synchronously (`ReplicateSession.on_frame`), so the same session
 serves a stream over its own connection (`serve_replicate`) and a channel of a
 multiplexed connection, dispatched from that connection's reader (replicate_mux.py).
+Compiled with mypyc (protocol/native.py, docs/compiled.md): one name per `except`
+clause, and what it reads of a Replica is annotated there.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class ReplicateSession:
             if isinstance(msg, ReplicateContent):
                 try:
                     spool.apply_content(msg.content_delta, payload)
-                except OSError as exc:
-                    return self._write_failed(exc)
+                except OSError as content_failed:
+                    return self._write_failed(content_failed)
                 return True
             if not isinstance(msg, ReplicateProposal):
                 out.write(ErrorFrame(status=Status.BAD_REQUEST,
@@ -106,8 +108,8 @@ class ReplicateSession:
                     # the spool adopts it: a commit never covers bytes not written.
                     spool.flush()
                 resp = spool.apply_proposal(msg, epoch=self.hdr.etcd.revision)
-            except OSError as exc:
-                return self._write_failed(exc)
+            except OSError as proposal_failed:
+                return self._write_failed(proposal_failed)
             if msg.acknowledge:
                 if resp.status == Status.OK:
                     self.replica.note_synced(spool.end)

@@ -18,6 +18,9 @@ envelope ends the connection (an ErrorFrame on channel 0), and with it every cha
 — each rolling back what it held uncommitted and releasing its spool, as a lost
 connection did. A keyspace change that fences a stream (hosting, fence.py) aborts its
 channel only.
+
+Compiled with mypyc (protocol/native.py, docs/compiled.md): its classes cannot be
+patched or subclassed from outside; one name per `except` clause.
 """
 
 from __future__ import annotations
@@ -165,9 +168,9 @@ class ReplicaMux:
             try:
                 if session.on_frame(msg, payload):
                     return
-            except Exception as exc:  # noqa: BLE001 - one journal's failure is its own
+            except Exception as failed:  # noqa: BLE001 - one journal's failure is its own
                 log.exception("replicate channel failed", journal=session.replica.journal)
-                ch.write(ErrorFrame(status=Status.UNAVAILABLE, message=f"internal error: {exc!r}"[:1000]))
+                ch.write(ErrorFrame(status=Status.UNAVAILABLE, message=f"internal error: {failed!r}"[:1000]))
             return self.end(ch, "stream ended")
         if ch is None:
             if kind != _HELLO_KIND or number == CONNECTION:

@@ -24,13 +24,11 @@ task per journal or per commit. A frame is
 checked as wire.py checks it (`check_fields`) before its body is awaited; a malformed
 one raises ProtocolError from `parse_envelopes` and nothing else.
 
-A peer that answers the Hello without `mux` (an older coordinator, during a rolling
-upgrade) gets NotMultiplexed: the pipeline connects to it per stream, as before, and
-the pool does not ask it again for PLAIN_FOR seconds.
-
-This module is the primary's side (`MuxPool`, `MuxConnection`, `Channel`, which offers
-the FrameStream methods a pipeline uses); the replica's side is
-coordinator/replicate_mux.py.
+This module is the envelope and the primary's side of one connection
+(`MuxConnection`, `Channel`, which offers the FrameStream methods a pipeline uses);
+the primary's pool of them, one per peer, and the fallback for a peer that does not
+multiplex, are protocol/mux_pool.py; the replica's side is coordinator/replicate_mux.py.
+Compiled with mypyc (protocol/native.py, docs/compiled.md): keep its annotations exact.
 """
 
 from __future__ import annotations
@@ -39,11 +37,10 @@ import asyncio
 import struct
 from collections import deque
 from collections.abc import Callable
-from ssl import SSLContext
 
 from .errors import ProtocolError
 from .frame_protocol import FrameProtocol
-from .messages import ChannelClose, ErrorFrame, Hello, HelloAck, Message
+from .messages import ChannelClose, ErrorFrame, Message
 from .stream import FLUSH_BYTES, ConnectionClosed, FrameStream
 from .wire import PREFIX_SIZE, Frame, check_fields, decode_header, encode_frame
 
@@ -53,16 +50,6 @@ ENVELOPE = struct.Struct("!IIBI")
 ENVELOPE_SIZE = ENVELOPE.size  # 13
 CONNECTION = 0
 """The channel number of the connection itself."""
-LINGER = 10.0
-"""Seconds an idle pooled connection (no channel left) stays open for the next one."""
-PLAIN_FOR = 60.0
-"""Seconds a peer that answered without multiplexing (an older coordinator, during a
-rolling upgrade) is not asked again: its streams take a connection each meanwhile."""
-
-
-class NotMultiplexed(ProtocolError):
-    """The peer answered Hello(mux=True) without mux: it serves one stream per
-    connection (the caller connects as before)."""
 
 Sink = Callable[[int, int, memoryview, int, int, int], None]
 """sink(channel, kind, view, head, hlen, stop): one complete frame, its header at
@@ -108,8 +95,6 @@ class Channel:
     read_buffered, take_copies, send, read_message, close, abort)."""
 
     __slots__ = ("conn", "number", "tag", "inbox", "closed", "listener", "touched", "_waiter")
-
-    expect = staticmethod(FrameStream.expect)
 
     def __init__(self, conn: MuxConnection, number: int) -> None:
         self.conn = conn
@@ -175,7 +160,7 @@ class Channel:
                 self._waiter = None
 
     async def read_message(self, expect: type | tuple[type, ...]) -> tuple:
-        return self.expect(await self.read(), expect)
+        return FrameStream.expect(await self.read(), expect)
 
     # -- send ---------------------------------------------------------------------------
 
@@ -339,98 +324,3 @@ class MuxConnection:
 
     def close(self) -> None:
         self.fail(ConnectionClosed("replicate connection closed"))
-
-
-class MuxPool:
-    """The primary's multiplexed connections, one per (peer endpoint, TLS context)."""
-
-    def __init__(self, constant: tuple[bytes, Frame], linger: float = LINGER) -> None:
-        self.constant = constant
-        self.linger = linger
-        self._conns: dict[tuple[str, int], asyncio.Future[MuxConnection]] = {}
-        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
-        self._plain: dict[tuple[str, int], float] = {}
-        """Peers that do not multiplex, until when we believe it."""
-
-    def connections(self) -> list[MuxConnection]:
-        return [f.result() for f in self._conns.values()
-                if f.done() and not f.cancelled() and f.exception() is None]
-
-    async def open(self, endpoint: str, *, token: str = "", ssl: SSLContext | None = None,
-                   timeout: float = 5.0) -> Channel:
-        """A new channel to `endpoint`, its Hello answered (a refused token raises
-        ProtocolError, the connection unharmed); connects first if need be."""
-        key = (endpoint, id(ssl))
-        loop = asyncio.get_running_loop()
-        if self._plain.get(key, 0.0) > loop.time():
-            raise NotMultiplexed(f"{endpoint} does not multiplex replicate streams")
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        fut = self._conns.get(key)
-        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None
-                                           or fut.result().failed is not None)):
-            fut = self._conns[key] = asyncio.get_running_loop().create_future()
-            try:
-                conn = await self._connect(key, endpoint, token, ssl, timeout)
-            except BaseException as exc:
-                if self._conns.get(key) is fut:
-                    del self._conns[key]
-                # Others waiting on this connection fail as a connection does (never
-                # with our cancellation, which is not theirs).
-                fut.set_exception(exc if isinstance(exc, Exception) else
-                                  ConnectionClosed(f"connecting to {endpoint} was cancelled"))
-                fut.exception()  # (retrieved: the waiters have their own)
-                raise
-            fut.set_result(conn)
-        async with asyncio.timeout(timeout):
-            conn = await asyncio.shield(fut)
-            ch = conn.open_channel()
-            try:
-                await ch.send(Hello(token=token))
-                await ch.read_message(HelloAck)
-            except BaseException:
-                ch.abort()
-                raise
-        return ch
-
-    async def _connect(self, key: tuple[str, int], endpoint: str, token: str,
-                       ssl: SSLContext | None, timeout: float) -> MuxConnection:
-        stream = await FrameStream.connect(endpoint, timeout=timeout, ssl=ssl)
-        try:
-            async with asyncio.timeout(timeout):
-                await stream.send(Hello(token=token, mux=True))
-                ack, _ = await stream.read_message(HelloAck)
-            if not ack.mux:
-                self._plain[key] = asyncio.get_running_loop().time() + PLAIN_FOR
-                raise NotMultiplexed(f"{endpoint} does not multiplex replicate streams")
-        except BaseException:
-            stream.abort()
-            raise
-        return MuxConnection(stream, self.constant, lambda c: self._idle(key, c))
-
-    def _idle(self, key: tuple[str, int], conn: MuxConnection) -> None:
-        fut = self._conns.get(key)
-        if fut is None or not fut.done() or fut.exception() is not None or fut.result() is not conn:
-            return
-        if conn.failed is not None:
-            del self._conns[key]
-            return
-        if conn.channels or key in self._timers:
-            return
-
-        def close() -> None:
-            self._timers.pop(key, None)
-            if not conn.channels and self._conns.get(key) is fut:
-                del self._conns[key]
-                conn.close()
-
-        self._timers[key] = asyncio.get_running_loop().call_later(self.linger, close)
-
-    def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        for conn in self.connections():
-            conn.close()
-        self._conns.clear()

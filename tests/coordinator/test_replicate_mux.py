@@ -23,7 +23,8 @@ from coordinator.spool import DiskFiles
 from protocol import Etcd, Header, Hello, HelloAck, ProcessId, ReplicateProposal, Route, Status
 from protocol.auth import Capability, Keyring, Scope
 from protocol.errors import ProtocolError
-from protocol.mux import CHANNEL, MuxPool
+from protocol.mux import CHANNEL
+from protocol.mux_pool import MuxPool
 from protocol.stream import FrameStream, serve_frames
 
 ME = ProcessId("z", "primary")
