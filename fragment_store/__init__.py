@@ -5,14 +5,14 @@ Layer 2: imports `protocol` and third-party libraries only.
     keys      content-addressed object keys (fragment_key / parse_key)
     codecs    none / gzip / zstd / snappy / gzip-offload, streaming
     stores    FragmentStore (file://, s3://) and open_store(url)
-    persist   persist_fragment / list_fragments[_stats] (and the unproven stream_unverified)
+    persist   persist_fragment / list_fragments[_stats] / store_stats (and the unproven stream_unverified)
     proof     prove / prove_stored: the SHA-1 proof, quarantine, metrics
     index     CoverSet — the covering set of a journal's fragments
     prune     plan_prune — which fragments retention and guards allow removing
     verified  read_fragment / read_verified — the one verifying reader (proof before any byte, fallback
               to other copies, quarantine, mend); FragmentCorrupt
     readahead ReadAhead / read_fragments — a sequence of fragments, the next proven while one is used
-    stats     store_stats — a journal's fragment count, stored bytes, times, offsets
+    stats     StoreStats — a journal's fragment count, stored bytes, times, offsets
     manifest  the index manifest batch readers read from the store
     errors    the StoreError / CodecError / InvalidFragmentKey tree
 """

@@ -146,7 +146,7 @@ def list_fragments(store: FragmentStore, journal: str) -> list[Fragment]:
 
 
 def list_fragments_stats(store: FragmentStore, journal: str) -> tuple[list[Fragment], StoreStats]:
-    """`list_fragments` and `stats.store_stats` from ONE listing of the journal's prefix
+    """`list_fragments` and `store_stats` from ONE listing of the journal's prefix
     (the index refresh needs both, #49): the same objects are counted as listed — the
     fragment keys; anything else (foreign objects; quarantine lives outside the prefix)
     is skipped by both."""
@@ -162,6 +162,11 @@ def list_fragments_stats(store: FragmentStore, journal: str) -> tuple[list[Fragm
         total = add(total, StoreStats(1, info.size, info.mod_time, info.mod_time, f.begin, f.end))
     out.sort(key=lambda f: (f.begin, f.end, f.path_postfix))
     return out, total
+
+
+def store_stats(store: FragmentStore, journal: str) -> StoreStats:
+    """A journal's storage stats in `store`: `list_fragments_stats`'s, from one listing."""
+    return list_fragments_stats(store, journal)[1]
 
 
 def fragment_url(store: FragmentStore, fragment: Fragment, ttl: float = 60.0) -> str:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .errors import InvalidFragmentKey
-from .keys import journal_prefix, parse_key
-from .stores import FragmentStore
 
 
 class StoreStats(NamedTuple):
@@ -34,16 +31,3 @@ def add(a: StoreStats, b: StoreStats) -> StoreStats:
 
 
 EMPTY = StoreStats(0, 0, 0, 0, 0, 0)
-
-
-def store_stats(store: FragmentStore, journal: str) -> StoreStats:
-    """One listing of the journal's prefix; objects that are not its fragment keys
-    are not counted."""
-    out = EMPTY
-    for info in store.list(journal_prefix(journal)):
-        try:
-            f = parse_key(journal, info.key)
-        except InvalidFragmentKey:
-            continue
-        out = add(out, StoreStats(1, info.size, info.mod_time, info.mod_time, f.begin, f.end))
-    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 
 from fragment_store import FragmentStore, persist_fragment
-from fragment_store.stats import EMPTY, store_stats
+from fragment_store.persist import store_stats
+from fragment_store.stats import EMPTY
 from protocol import Fragment
 
 

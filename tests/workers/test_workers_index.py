@@ -12,7 +12,7 @@ import pytest
 
 from fragment_store import CoverSet, open_store, persist_fragment, read_manifest
 from fragment_store.index_keys import decode_stats
-from fragment_store.stats import store_stats
+from fragment_store.persist import store_stats
 from protocol import Fragment, LabelSet, parse_selector
 from tools.services import S3Service, Service, wait_for
 

@@ -70,7 +70,8 @@ def _print_stats(entries: list[ListEntry], output: Output) -> None:
     persistence backlog and the last persist failure (docs/operations.md)."""
     from fragment_store import open_store
     from fragment_store.errors import StoreUnavailable
-    from fragment_store.stats import EMPTY, add, store_stats
+    from fragment_store.persist import store_stats
+    from fragment_store.stats import EMPTY, add
 
     rows = []
     for e in entries:
