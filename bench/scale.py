@@ -229,6 +229,58 @@ async def _appends(endpoints: list[str], names: list[str], seconds: float) -> di
             "append_first_error": first_error}
 
 
+class _Window:
+    """What the append window cost: the whole-append lane's appends per commit (its
+    group commit: how many appends of one journal one commit carried, over every
+    coordinator's /metrics), and CPU per append of the client (this process), the
+    coordinators together, and the rest (worker, beat, etcd, Redis), in µs.
+
+    The rate over N journals is set by commits, not appends: a commit's replication
+    (proposal, spool writes at 3 members, acknowledgements) is most of an append's cost.
+    64 tasks over 10 journals give each commit several appends; over N >= 64, one."""
+
+    def __init__(self, cluster: ScaleCluster) -> None:
+        self.cluster = cluster
+        self.pids = {"client": os.getpid(),
+                     **{f"coordinator {i}": p for i, p in enumerate(cluster.coordinator_pids())},
+                     **{k: v for k, v in cluster.pids().items()
+                        if k in ("worker", "beat", "etcd", "redis")}}
+        self.cpu = self._cpu()
+        self.lane = self._lane()
+
+    def _cpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k, p in self.pids.items():
+            try:
+                out[k] = cpu_seconds(p)
+            except OSError:  # (a process that died: counted as idle)
+                out[k] = 0.0
+        return out
+
+    def _lane(self) -> tuple[float, float]:
+        whole = commits = 0.0
+        for i in range(len(self.cluster.coordinators)):
+            try:
+                m = self.cluster.metrics(i)
+            except OSError:
+                continue
+            whole += m.get("quire_appends_whole_total", 0.0)
+            commits += m.get("quire_lane_commits_total", 0.0)
+        return whole, commits
+
+    def end(self, appends: int) -> dict[str, Any]:
+        cpu, (whole, commits) = self._cpu(), self._lane()
+        used = {k: cpu[k] - self.cpu[k] for k in cpu}
+        us = (lambda s: round(1e6 * s / appends, 1)) if appends else (lambda s: None)
+        coord = sum(v for k, v in used.items() if k.startswith("coordinator "))
+        rest = sum(v for k, v in used.items() if k != "client" and not k.startswith("coordinator "))
+        lane_commits = commits - self.lane[1]
+        return {"appends_per_commit": round((whole - self.lane[0]) / lane_commits, 2)
+                if lane_commits else None,
+                "append_cpu_us": {"client": us(used["client"]), "coordinators": us(coord),
+                                  "others": us(rest), "all": us(sum(used.values()))}}
+
+
 def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, svc in enumerate(cluster.coordinators):
@@ -237,8 +289,9 @@ def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
             continue
         st: dict[str, Any] = dict(proc_stats(svc.pid))
         try:
-            st.update({("tasks" if k == "quire_asyncio_tasks" else "replicas"): int(v)
-                       for k, v in cluster.metrics(i).items()})
+            m = cluster.metrics(i)
+            st.update({name: int(m[k]) for name, k in (("tasks", "quire_asyncio_tasks"),
+                                                       ("replicas", "quire_replicas")) if k in m})
         except OSError:
             pass
         out.append(st)
@@ -288,9 +341,12 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
                          for k, p in others.items()}
         run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
         say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
+        window = _Window(cluster)
         run.update(await _appends(cluster.endpoints, names, append_s))
+        run.update(window.end(run["appends"]))
         say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
-            f"({run['append_errors']} errors)")
+            f"({run['append_errors']} errors); {run['appends_per_commit']} appends per "
+            f"commit, CPU per append {run['append_cpu_us']} µs")
         if failover:
             run["failover"] = await scale_failover.failover(
                 cluster, names, full_routes, REPLICATION, timeout=120 + 0.05 * n, say=say)
@@ -326,7 +382,7 @@ def run_scale(sizes: list[int], workdir: Path, *, settle: float = 10.0, idle: fl
 def render(result: dict[str, Any]) -> str:
     cols = ("N", "apply s", "assigned s", "full s", "RSS MiB (max)", "KiB/replica", "fds (max)", "fds/replica",
             "tasks (max)", "idle CPU % (max)", "etcd keys", "etcd MB", "appends/s", "x N=10",
-            "stop s")
+            "appends/commit", "CPU µs/append", "stop s")
     rows = [cols]
 
     def f(v: Any, d: int = 1) -> str:
@@ -342,10 +398,16 @@ def render(result: dict[str, Any]) -> str:
                      f(max((c["tasks"] for c in cs if "tasks" in c), default=None)),
                      f(r.get("idle_cpu_pct_max")), f(r.get("etcd_keys")),
                      f(r.get("etcd_db_bytes", 0) / 1e6), f(r.get("appends_per_s"), 0),
-                     f(r.get("append_ratio"), 2), f(r.get("stop_s"))))
+                     f(r.get("append_ratio"), 2), f(r.get("appends_per_commit"), 2),
+                     f((r.get("append_cpu_us") or {}).get("all")), f(r.get("stop_s"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines += [f"N={r['journals']}: {r['error']}" for r in result["runs"] if r.get("error")]
+    for r in result["runs"]:
+        cpu = r.get("append_cpu_us")
+        if cpu:
+            lines.append(f"N={r['journals']}: CPU per append (µs): client {f(cpu['client'])}, "
+                         f"coordinators {f(cpu['coordinators'])}, others {f(cpu['others'])}")
     for r in result["runs"]:
         fo = r.get("failover")
         if fo:

@@ -189,7 +189,8 @@ class ScaleCluster:
         url = f"http://127.0.0.1:{self.metrics_ports[i]}/metrics"
         with urllib.request.urlopen(url, timeout=10) as resp:
             text = resp.read().decode()
-        return metric_values(text, ("quire_asyncio_tasks", "quire_replicas"))
+        return metric_values(text, ("quire_asyncio_tasks", "quire_replicas",
+                                    "quire_appends_whole_total", "quire_lane_commits_total"))
 
     def stop(self) -> float:
         """Stop everything (coordinators at once, then the rest); seconds it took."""

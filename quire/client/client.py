@@ -74,6 +74,13 @@ _COMMIT_BYTES = b"".join(_COMMIT)
 _FOREVER = float("inf")
 _WHOLE = Body(b"")
 """Stands for the Body of a whole append (its bytes are re-sent as they are)."""
+JOURNAL_CACHE_MAX = 16_384
+"""Journals whose validated name and encoded plain request the client keeps (each cache
+is emptied when it reaches this). A producer spreading appends round-robin over more
+journals than a cache holds would validate and encode every append anew: at 4,096, over
+10,000 journals, that was 35 µs of client CPU per append against 22 over 10 (bench.scale).
+An entry of both is ~0.7 KiB (names of 13 characters): ~11 MiB when both are full."""
+
 
 class _Ambiguous(Exception):
     """The append's commit was sent but no answer came: it may or may not have landed."""
@@ -173,7 +180,7 @@ class Client(MetadataCalls):
         returns the original commit)."""
         if journal not in self._valid_names:
             validate_journal_name(journal, "journal")
-            if len(self._valid_names) >= 4096:
+            if len(self._valid_names) >= JOURNAL_CACHE_MAX:
                 self._valid_names.clear()
             self._valid_names.add(journal)
         if check_registers is not None and isinstance(check_registers, str):
@@ -198,7 +205,7 @@ class Client(MetadataCalls):
                                     roll_below=roll_below,
                                     **(txn.fields() if txn is not None else {})), None  # type: ignore[arg-type]
             if plain:
-                if len(self._plain_requests) >= 4096:
+                if len(self._plain_requests) >= JOURNAL_CACHE_MAX:
                     self._plain_requests.clear()
                 encoded = encode_frame(request)
                 cached = [request, encoded, 0, b""]

@@ -112,9 +112,15 @@ def test_smoke_three_and_ten_journals(tmp_path) -> None:  # noqa: ANN001
         assert all(c["tasks"] > 0 and c["fds"] > 0 and c["rss_kib"] > 0 for c in r["coordinators"])
         assert r["etcd_keys"] > r["journals"] and r["etcd_db_bytes"] > 0
         assert r["stop_s"] >= 0
+        # The window's decomposition: the lane's group commit and who spent the CPU.
+        assert r["appends_per_commit"] is not None and r["appends_per_commit"] >= 1.0, r
+        cpu = r["append_cpu_us"]
+        assert cpu["client"] > 0 and cpu["coordinators"] > 0, cpu
+        assert cpu["all"] >= cpu["client"] + cpu["coordinators"] - 0.2, cpu
     assert runs[1]["append_ratio"] > 0
     table = render(result)
-    assert "appends/s" in table and len(table.splitlines()) == 3
+    assert "appends/s" in table and len(table.splitlines()) == 3 + 2  # + the CPU split per N
+    assert "N=10: CPU per append (µs): client " in table
 
 
 def test_failover_finds_primaries_and_counts_lost_records() -> None:
