@@ -46,6 +46,7 @@ from workers import common, jobs_metrics, jobs_roll, watermark
 from workers.app import app
 from workers.errors import MAINTENANCE_RETRY
 from workers.jobs_plan import plan
+from workers.topology import read_topology
 
 __all__ = ["DISPATCHED_KEY", "dispatch", "sweep"]
 
@@ -142,12 +143,19 @@ async def _sweep_job(client: Any, root: str, spec: JobSpec, journals: list[str],
     return {"created": created, "lost": len(p.lost), "dispatched": sent}
 
 
-async def _sweep(topo: Any) -> dict[str, Any]:
+async def _sweep() -> dict[str, Any]:
     s = common.settings()
     ws = common.worker_settings()
     client = await connect(s.etcd_url, timeout=ws.io_timeout)
     try:
         jobs = await list_jobs(client, s.etcd_root)
+        if not jobs:
+            return {}  # (no job: the specs of every journal are not worth a read)
+        # The specs alone: names and labels pick each job's journals (a roll reads its
+        # own journal's endpoints, jobs_roll.py) — not the members and assignments,
+        # 3 keys of 4 at R=3, every jobs_interval (40,000 keys at 10,000 journals).
+        topo = await read_topology(s.etcd_url, s.etcd_root, timeout=ws.io_timeout,
+                                   endpoints=False)
         leases = {kv.key.decode() for kv in
                   (await client.get_prefix(leases_prefix(s.etcd_root).encode())).kvs}
         dispatched = {k.decode(): float(v) for k, v in
@@ -172,11 +180,11 @@ async def _sweep(topo: Any) -> dict[str, Any]:
 @app.task(name="workers.jobs.sweep", bind=True, ignore_result=True, **MAINTENANCE_RETRY)
 def sweep(self: Any) -> dict[str, Any]:
     ws = common.worker_settings()
-    with common.sweep_topology("jobs", ws.jobs_interval) as topo:
-        if topo is None:
+    with common.sweep_lock("jobs", ttl=max(5.0, ws.jobs_interval)) as held:
+        if not held:
             log.debug("another jobs sweep is running; skipping")
             return {}
-        out = asyncio.run(_sweep(topo))
+        out = asyncio.run(_sweep())
         if any(v.get("created") or v.get("lost") or v.get("dispatched") for v in out.values()):
             log.info("jobs sweep", **{k: v for k, v in out.items()})
         return out

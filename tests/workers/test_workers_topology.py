@@ -67,3 +67,29 @@ async def test_specs_alone_without_endpoints(etcd, etcd_root) -> None:
     assert set(topo.journals) == {"acme/alone"} and topo.journals["acme/alone"].endpoints == ()
     full = await read_topology(etcd.url, etcd_root, timeout=5)
     assert full.journals["acme/alone"].endpoints == ("127.0.0.1:7001",)
+
+
+async def test_every_spec_alone_is_read_again_only_once_changed(etcd, etcd_root) -> None:
+    """The index sweep's read (every spec, no endpoints) costs one key's Range while the
+    specs are unchanged (#49: 10,000 specs decoded every 5 s was most of an idle worker);
+    a put, a replacement or a delete under journals/ is seen by the next read."""
+    from .workers_support import delete_key
+
+    put_journal(etcd, etcd_root, "acme/c-1")
+    put_journal(etcd, etcd_root, "acme/c-2")
+    first = await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False)
+    assert set(first.journals) == {"acme/c-1", "acme/c-2"}
+    assert await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False) is first
+    put_journal(etcd, etcd_root, "acme/c-2", refresh=30.0)  # replaced: same count
+    changed = await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False)
+    assert changed is not first
+    assert changed.journals["acme/c-2"].spec.fragment.refresh_interval == 30.0
+    delete_key(etcd, f"{etcd_root}/journals/acme/c-1")  # deleted: one key fewer
+    after = await read_topology(etcd.url, etcd_root, timeout=5, endpoints=False)
+    assert set(after.journals) == {"acme/c-2"}
+    put_journal(etcd, etcd_root, "acme/c-3")
+    assert set((await read_topology(etcd.url, etcd_root, timeout=5,
+                                    endpoints=False)).journals) == {"acme/c-2", "acme/c-3"}
+    # With endpoints (the pulse sweep), never the cached read.
+    full = await read_topology(etcd.url, etcd_root, timeout=5)
+    assert set(full.journals) == {"acme/c-2", "acme/c-3"}
