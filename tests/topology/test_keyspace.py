@@ -165,6 +165,34 @@ async def test_resolver_statuses(client: aetcd.Client, etcd_root: str) -> None:
             assert r.primary_endpoint == "h:1"
 
 
+async def test_resolver_keeps_an_answer_per_revision_and_standing(client: aetcd.Client,
+                                                                     etcd_root: str) -> None:
+    """resolve_now's answer is kept while the mirror's revision and may_lead() hold (the
+    backlog, route gaps and persister ask for every hosted journal every 5 s: #49), and
+    is made anew once either moves: a route change, or a lost standing that steps us down."""
+    async with KeySpace(client, etcd_root) as ks:
+        res = Resolver(ks, A)
+        await add_journal(client, etcd_root, "logs/m")
+        await assign(client, etcd_root, "logs/m", A, 0)
+        await wait_until(ks, lambda: len(ks.assignments("logs/m")) == 1, 5)
+        first = res.resolve_now("logs/m")
+        assert first.is_primary and first.current
+        assert res.resolve_now("logs/m") is first
+        assert res.resolve_now("logs/m", require_primary=True) is not first  # (its own memo)
+        assert res.resolve_now("logs/none").status == Status.JOURNAL_NOT_FOUND
+        standing = [False]
+        res.may_lead = lambda: standing[0]
+        down = res.resolve_now("logs/m")
+        assert not down.is_primary and not down.current and down.route.primary == -1
+        standing[0] = True
+        assert res.resolve_now("logs/m").is_primary
+        await assign(client, etcd_root, "logs/m", C, 1)
+        await wait_until(ks, lambda: len(ks.assignments("logs/m")) == 2, 5)
+        moved = res.resolve_now("logs/m")
+        assert moved.route.members == (A, C) and moved.revision > first.revision
+        assert res.resolve_now("logs/m") is moved
+
+
 async def test_advertise_route(client: aetcd.Client, etcd_root: str) -> None:
     async with KeySpace(client, etcd_root) as ks:
         await assign(client, etcd_root, "logs/x", A, 0)
