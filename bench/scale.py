@@ -15,7 +15,9 @@ For each N, a fresh cluster (bench/scale_cluster.py: etcd, Redis, 5 coordinators
    /proc/PID/stat), then its RSS, open fds, threads, asyncio tasks and replicas (its
    /metrics), etcd's key count and db size;
 5. appends/s of 1 KiB appends from 64 tasks, each taking the next journal round-robin
-   over all N, for `append` seconds;
+   over all N: first one append to each journal (its first fragment opens; timed apart),
+   then for `append` seconds — with the lane's appends per commit and the CPU per
+   append of the client, the coordinators and the rest over that window (`_Window`);
 6. the cluster is stopped (`stop_s`).
 
 Rates are also given as a ratio to the N = 10 run (the first N) of the same run;
@@ -196,37 +198,55 @@ async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
     return None, full
 
 
-async def _appends(endpoints: list[str], names: list[str], seconds: float) -> dict[str, Any]:
+async def _appends(endpoints: list[str], names: list[str], seconds: float,
+                   window: Callable[[], _Window] | None = None) -> dict[str, Any]:
+    """1 KiB appends from APPEND_TASKS tasks round-robin over `names`: first one to each
+    journal (its first fragment opens: a spool file, a roll, the backlog's first figure
+    — a cost per fragment, timed apart as `first_appends_per_s`), then for `seconds`
+    (`appends_per_s`: the steady rate, every journal's fragment open, as a producer
+    that has been writing finds them). `window` starts its measure then."""
     client = Client(endpoints, retry_timeout=30)
     data = b"x" * (APPEND_SIZE - 1) + b"\n"
-    nxt = round_robin(names)
     # As a producer over many journals would: list them first (the listing's routes
     # prime the client's route cache, so no first append is proxied by a seed).
     await client.list_journals("bench=scale")  # (_labels())
     count = errors = 0
     first_error = ""
-    stop = time.monotonic() + seconds
 
-    async def task() -> None:
+    async def task(nxt: Callable[[], str | None], stop: float) -> None:
         nonlocal count, errors, first_error
         while time.monotonic() < stop:
+            name = nxt()
+            if name is None:
+                return
             try:
-                await asyncio.wait_for(client.append(nxt(), data), 60)
+                await asyncio.wait_for(client.append(name, data), 60)
                 count += 1
             except Exception as exc:  # noqa: BLE001 - counted and reported
                 errors += 1
                 first_error = first_error or repr(exc)
 
-    t0 = time.monotonic()
-    try:
+    async def run(nxt: Callable[[], str | None], stop: float) -> float:
+        t0 = time.monotonic()
         async with asyncio.TaskGroup() as tg:
             for _ in range(APPEND_TASKS):
-                tg.create_task(task())
+                tg.create_task(task(nxt, stop))
+        return time.monotonic() - t0
+
+    try:
+        each = iter(names)
+        first_s = await run(lambda: next(each, None), time.monotonic() + 120 + 0.02 * len(names))
+        first, count = count, 0
+        measure = window() if window is not None else None
+        elapsed = await run(round_robin(names), time.monotonic() + seconds)
     finally:
         await client.close()
-    elapsed = time.monotonic() - t0
-    return {"appends": count, "appends_per_s": count / elapsed, "append_errors": errors,
-            "append_first_error": first_error}
+    out = {"appends": count, "appends_per_s": count / elapsed, "append_errors": errors,
+           "append_first_error": first_error, "first_appends": first,
+           "first_appends_per_s": first / first_s if first_s > 0 else None}
+    if measure is not None:
+        out.update(measure.end(count))
+    return out
 
 
 class _Window:
@@ -341,10 +361,10 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
                          for k, p in others.items()}
         run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
         say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
-        window = _Window(cluster)
-        run.update(await _appends(cluster.endpoints, names, append_s))
-        run.update(window.end(run["appends"]))
-        say(f"N={n}: {run['appends_per_s']:.0f} appends/s round-robin "
+        run.update(await _appends(cluster.endpoints, names, append_s,
+                                  window=lambda: _Window(cluster)))
+        say(f"N={n}: first append to each journal {run['first_appends_per_s']:.0f}/s; then "
+            f"{run['appends_per_s']:.0f} appends/s round-robin "
             f"({run['append_errors']} errors); {run['appends_per_commit']} appends per "
             f"commit, CPU per append {run['append_cpu_us']} µs")
         if failover:
@@ -407,7 +427,8 @@ def render(result: dict[str, Any]) -> str:
         cpu = r.get("append_cpu_us")
         if cpu:
             lines.append(f"N={r['journals']}: CPU per append (µs): client {f(cpu['client'])}, "
-                         f"coordinators {f(cpu['coordinators'])}, others {f(cpu['others'])}")
+                         f"coordinators {f(cpu['coordinators'])}, others {f(cpu['others'])}; "
+                         f"the first append to each journal {f(r.get('first_appends_per_s'), 0)}/s")
     for r in result["runs"]:
         fo = r.get("failover")
         if fo:

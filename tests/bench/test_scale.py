@@ -121,6 +121,7 @@ def test_smoke_three_and_ten_journals(tmp_path) -> None:  # noqa: ANN001
     table = render(result)
     assert "appends/s" in table and len(table.splitlines()) == 3 + 2  # + the CPU split per N
     assert "N=10: CPU per append (µs): client " in table
+    assert all(r["first_appends"] == r["journals"] and r["first_appends_per_s"] > 0 for r in runs)
 
 
 def test_failover_finds_primaries_and_counts_lost_records() -> None:
