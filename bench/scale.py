@@ -17,7 +17,7 @@ For each N, a fresh cluster (bench/scale_cluster.py: etcd, Redis, 5 coordinators
 5. appends/s of 1 KiB appends from 64 tasks, each taking the next journal round-robin
    over all N: first one append to each journal (its first fragment opens; timed apart),
    then for `append` seconds — with the lane's appends per commit and the CPU per
-   append of the client, the coordinators and the rest over that window (`_Window`);
+   append of the client, the coordinators and the rest over that window (bench/scale_appends.py);
 6. the cluster is stopped (`stop_s`).
 
 Rates are also given as a ratio to the N = 10 run (the first N) of the same run;
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import shutil
@@ -49,6 +48,7 @@ from quire.client import Client
 from topology.etcd import parse_assignment_key
 
 from . import scale_failover
+from .scale_appends import Window, appends, round_robin
 from .scale_cluster import (
     ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
 )
@@ -61,8 +61,6 @@ APPLY_CHUNK = 100
 APPLY_ATTEMPTS = 3
 REPLICATION = 3
 COORDINATORS = 5
-APPEND_TASKS = 64
-APPEND_SIZE = 1024
 GOALS = {"full_s": 60.0, "idle_cpu_pct": 5.0, "rss_kib_per_replica": 64.0,
          "fds_per_replica": 0.25, "append_ratio": 0.8}
 """Issue #49's figures at 10,000 journals (docs/benchmarks.md, "Scale")."""
@@ -73,12 +71,6 @@ def journal_limit(journals: int, replication: int, coordinators: int) -> int:
     for one member's failover (and never below the default of 1024)."""
     share = -(-journals * replication // coordinators)
     return max(1024, 2 * share + 64)
-
-
-def round_robin(names: list[str]) -> Callable[[], str]:
-    """The next journal of `names` at each call, round-robin (shared by every task)."""
-    counter = itertools.count()
-    return lambda: names[next(counter) % len(names)]
 
 
 def assigned_journals(assignments: Iterable[tuple[str, bytes]], replication: int,
@@ -198,109 +190,6 @@ async def _wait_full(cluster: ScaleCluster, names: list[str], timeout: float,
     return None, full
 
 
-async def _appends(endpoints: list[str], names: list[str], seconds: float,
-                   window: Callable[[], _Window] | None = None) -> dict[str, Any]:
-    """1 KiB appends from APPEND_TASKS tasks round-robin over `names`: first one to each
-    journal (its first fragment opens: a spool file, a roll, the backlog's first figure
-    — a cost per fragment, timed apart as `first_appends_per_s`), then for `seconds`
-    (`appends_per_s`: the steady rate, every journal's fragment open, as a producer
-    that has been writing finds them). `window` starts its measure then."""
-    client = Client(endpoints, retry_timeout=30)
-    data = b"x" * (APPEND_SIZE - 1) + b"\n"
-    # As a producer over many journals would: list them first (the listing's routes
-    # prime the client's route cache, so no first append is proxied by a seed).
-    await client.list_journals("bench=scale")  # (_labels())
-    count = errors = 0
-    first_error = ""
-
-    async def task(nxt: Callable[[], str | None], stop: float) -> None:
-        nonlocal count, errors, first_error
-        while time.monotonic() < stop:
-            name = nxt()
-            if name is None:
-                return
-            try:
-                await asyncio.wait_for(client.append(name, data), 60)
-                count += 1
-            except Exception as exc:  # noqa: BLE001 - counted and reported
-                errors += 1
-                first_error = first_error or repr(exc)
-
-    async def run(nxt: Callable[[], str | None], stop: float) -> float:
-        t0 = time.monotonic()
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(APPEND_TASKS):
-                tg.create_task(task(nxt, stop))
-        return time.monotonic() - t0
-
-    try:
-        each = iter(names)
-        first_s = await run(lambda: next(each, None), time.monotonic() + 120 + 0.02 * len(names))
-        first, count = count, 0
-        measure = window() if window is not None else None
-        elapsed = await run(round_robin(names), time.monotonic() + seconds)
-    finally:
-        await client.close()
-    out = {"appends": count, "appends_per_s": count / elapsed, "append_errors": errors,
-           "append_first_error": first_error, "first_appends": first,
-           "first_appends_per_s": first / first_s if first_s > 0 else None}
-    if measure is not None:
-        out.update(measure.end(count))
-    return out
-
-
-class _Window:
-    """What the append window cost: the whole-append lane's appends per commit (its
-    group commit: how many appends of one journal one commit carried, over every
-    coordinator's /metrics), and CPU per append of the client (this process), the
-    coordinators together, and the rest (worker, beat, etcd, Redis), in µs.
-
-    The rate over N journals is set by commits, not appends: a commit's replication
-    (proposal, spool writes at 3 members, acknowledgements) is most of an append's cost.
-    64 tasks over 10 journals give each commit several appends; over N >= 64, one."""
-
-    def __init__(self, cluster: ScaleCluster) -> None:
-        self.cluster = cluster
-        self.pids = {"client": os.getpid(),
-                     **{f"coordinator {i}": p for i, p in enumerate(cluster.coordinator_pids())},
-                     **{k: v for k, v in cluster.pids().items()
-                        if k in ("worker", "beat", "etcd", "redis")}}
-        self.cpu = self._cpu()
-        self.lane = self._lane()
-
-    def _cpu(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for k, p in self.pids.items():
-            try:
-                out[k] = cpu_seconds(p)
-            except OSError:  # (a process that died: counted as idle)
-                out[k] = 0.0
-        return out
-
-    def _lane(self) -> tuple[float, float]:
-        whole = commits = 0.0
-        for i in range(len(self.cluster.coordinators)):
-            try:
-                m = self.cluster.metrics(i)
-            except OSError:
-                continue
-            whole += m.get("quire_appends_whole_total", 0.0)
-            commits += m.get("quire_lane_commits_total", 0.0)
-        return whole, commits
-
-    def end(self, appends: int) -> dict[str, Any]:
-        cpu, (whole, commits) = self._cpu(), self._lane()
-        used = {k: cpu[k] - self.cpu[k] for k in cpu}
-        us = (lambda s: round(1e6 * s / appends, 1)) if appends else (lambda s: None)
-        coord = sum(v for k, v in used.items() if k.startswith("coordinator "))
-        rest = sum(v for k, v in used.items() if k != "client" and not k.startswith("coordinator "))
-        lane_commits = commits - self.lane[1]
-        return {"appends_per_commit": round((whole - self.lane[0]) / lane_commits, 2)
-                if lane_commits else None,
-                "append_cpu_us": {"client": us(used["client"]), "coordinators": us(coord),
-                                  "others": us(rest), "all": us(sum(used.values()))}}
-
-
 def _sample(cluster: ScaleCluster) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, svc in enumerate(cluster.coordinators):
@@ -361,8 +250,8 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
                          for k, p in others.items()}
         run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
         say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
-        run.update(await _appends(cluster.endpoints, names, append_s,
-                                  window=lambda: _Window(cluster)))
+        run.update(await appends(cluster.endpoints, names, append_s,
+                                 window=lambda: Window(cluster)))
         say(f"N={n}: first append to each journal {run['first_appends_per_s']:.0f}/s; then "
             f"{run['appends_per_s']:.0f} appends/s round-robin "
             f"({run['append_errors']} errors); {run['appends_per_commit']} appends per "

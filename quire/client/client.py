@@ -40,17 +40,8 @@ from ssl import SSLContext
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from protocol import (
-    AppendChunk,
-    AppendCommit,
-    AppendRequest,
-    AppendResponse,
-    LabelSelector,
-    LabelSet,
-    Status,
-    parse_selector,
-    validate_journal_name,
-)
+from protocol import (AppendChunk, AppendCommit, AppendRequest, AppendResponse, LabelSelector,
+                      LabelSet, Status, parse_selector, validate_journal_name)
 from protocol.credentials import TokenFile, TokenSource
 from protocol.discovery import effective_env
 from protocol.errors import CommitUnknown, ProtocolError, Unavailable, caused, for_status
@@ -75,11 +66,9 @@ _FOREVER = float("inf")
 _WHOLE = Body(b"")
 """Stands for the Body of a whole append (its bytes are re-sent as they are)."""
 JOURNAL_CACHE_MAX = 16_384
-"""Journals whose validated name and encoded plain request the client keeps (each cache
-is emptied when it reaches this). A producer spreading appends round-robin over more
-journals than a cache holds would validate and encode every append anew: at 4,096, over
-10,000 journals, that was 35 µs of client CPU per append against 22 over 10 (bench.scale).
-An entry of both is ~0.7 KiB (names of 13 characters): ~11 MiB when both are full."""
+"""Journals whose validated name and encoded plain request are kept (each cache emptied
+when full): over more, round-robin appends validate and encode each append anew (~0.7
+KiB an entry of both: ~11 MiB full; bench.scale over 10,000 journals, docs/benchmarks.md)."""
 
 
 class _Ambiguous(Exception):
