@@ -18,6 +18,10 @@ every coordinator is then a primary, so processes are named by their suffix and 
 journals they lead (`coord-<suffix>-p<k>`), and `--profile` records the busiest one.
 `--fresh`: the reference's spool files never wrap, so it writes fresh pages as quire's
 spools do in the bench (the honest reference for big appends: docs/benchmarks.md).
+`--perf DIR`: perf record (499 Hz) of every coordinator in the last round, DIR/<name>.data,
+and of the reference's processes, DIR/ref-<name>.data (QUIRE_BENCH_STRACE=1: `strace -c`
+counts instead, DIR/<name>.strace).
+(`perf report -i DIR/primary.data`: compiled frames show as C symbols).
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ async def _measure(pids: dict[str, int], run: Any) -> dict[str, Any]:
             "sys_us_per_append": system, "load_avg_1m": os.getloadavg()[0]}
 
 
+def _perf(pid: int, out: Path, seconds: float) -> subprocess.Popen:
+    """perf record of `pid` (py-spy cannot see compiled frames: docs/compiled.md)."""
+    if os.environ.get("QUIRE_BENCH_STRACE"):  # system calls counted instead (strace -c)
+        cmd = ["timeout", "-s", "INT", str(max(1, int(seconds))), "strace", "-c", "-f",
+               "-p", str(pid), "-o", str(out.with_suffix(".strace"))]
+    else:
+        cmd = ["perf", "record", "-F", "499", "-p", str(pid), "-o", str(out), "--", "sleep",
+               str(max(1, int(seconds)))]
+    if shutil.which(cmd[0]) is None:
+        raise SystemExit(f"--perf needs {cmd[0]} on PATH")
+    return subprocess.Popen(dying_with_us(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("py-spy")
     found = str(exe) if exe.exists() else shutil.which("py-spy")
@@ -119,11 +136,20 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
                 if replica is not None:  # (one journal: the replicas are not primaries)
                     spies.append(_spy(quire_pids[replica], Path(args.profile) / "replica.txt", secs))
                 await asyncio.sleep(1.0)  # py-spy attaches
+            if args.perf and r == args.rounds - 1:
+                Path(args.perf).mkdir(parents=True, exist_ok=True)
+                spies = [_perf(pid, Path(args.perf) / f"{name}.data", secs)
+                         for name, pid in quire_pids.items()]
             q = await _measure(quire_pids, lambda: append_case(client, target, size, conc, seconds=secs))
             for p in spies:
                 p.wait()
+            if args.perf and r == args.rounds - 1:  # the reference's processes too
+                spies = [_perf(pid, Path(args.perf) / f"ref-{name}.data", secs)
+                         for name, pid in ref_pids.items()]
             p_ = await _measure(ref_pids, lambda: ref_case(ref, size, conc, seconds=secs,
                                                               journals=max(n, 1), fresh=args.fresh))
+            for p in spies:
+                p.wait()
             q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
             rounds.append({"quire": q, "pipeline": p_})
             print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']} "
@@ -144,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--journals", type=int, default=1)
     ap.add_argument("--profile", metavar="DIR")
+    ap.add_argument("--perf", metavar="DIR",
+                    help="perf record every quire coordinator in the last round (DIR/<name>.data)")
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--fresh", action="store_true",
                     help="the reference writes fresh pages, as quire's spools do here")
