@@ -6,7 +6,7 @@ The case of `quire bench` (`Client.append` from `conc` tasks of this process, on
 in flight each, to one R=3 journal of a 3-coordinator cluster on loopback) and the same
 case on the reference (bench/pipeline_ref.py), in alternating rounds: appends/s and the
 user + sys CPU time each process spent per append (µs, from /proc; `sys_us_per_append`:
-the system part alone), for quire's primary, its two replicas and the client, and the
+the system part alone; `minor_faults_per_append`: page faults, e.g. of fresh heap), for quire's primary, its two replicas and the client, and the
 reference's primary, replicas and client. On a
 shared 2-vCPU machine the rates swing with other work; the CPU per append moves much
 less, so it is the figure to compare versions by (run both back to back, alternating).
@@ -43,23 +43,23 @@ from quire.client import Client
 
 from .common import write_json
 from .matrix import append_case
-from .pipeline_ref import PipelineRef, ref_case
+from .pipeline_ref import FRESH, PipelineRef, ref_case
 
 JOURNAL = "bench/cpu"
 
 
-def _cpu(pid: int) -> tuple[float, float]:
-    """(user, sys) CPU seconds of a process so far (Linux /proc)."""
+def _cpu(pid: int) -> tuple[float, float, int]:
+    """(user, sys) CPU seconds of a process so far, and its minor page faults (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
-def _snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
+def _snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float, int]]:
     out = {name: _cpu(pid) for name, pid in pids.items()}
     t = os.times()
-    out["client"] = (t.user, t.system)
+    out["client"] = (t.user, t.system, _cpu(os.getpid())[2])
     return out
 
 
@@ -68,11 +68,14 @@ async def _measure(pids: dict[str, int], run: Any) -> dict[str, Any]:
     res = await run()
     after = _snapshot(pids)
     n = max(res["n"], 1)
-    cpu = {k: round((sum(after[k]) - sum(before[k])) / n * 1e6, 1) for k in after}
+    cpu = {k: round((after[k][0] + after[k][1] - before[k][0] - before[k][1]) / n * 1e6, 1)
+           for k in after}
     cpu["total"] = round(sum(cpu.values()), 1)
     system = {k: round((after[k][1] - before[k][1]) / n * 1e6, 1) for k in after}
+    faults = {k: round((after[k][2] - before[k][2]) / n, 1) for k in after}
     return {"ops_per_s": round(res["ops_per_s"], 1), "cpu_us_per_append": cpu,
-            "sys_us_per_append": system, "load_avg_1m": os.getloadavg()[0]}
+            "sys_us_per_append": system, "minor_faults_per_append": faults,
+            "load_avg_1m": os.getloadavg()[0]}
 
 
 def _perf(pid: int, out: Path, seconds: float) -> subprocess.Popen:
@@ -81,7 +84,7 @@ def _perf(pid: int, out: Path, seconds: float) -> subprocess.Popen:
         cmd = ["timeout", "-s", "INT", str(max(1, int(seconds))), "strace", "-c", "-f",
                "-p", str(pid), "-o", str(out.with_suffix(".strace"))]
     else:
-        cmd = ["perf", "record", "-F", "499", "-p", str(pid), "-o", str(out), "--", "sleep",
+        cmd = ["perf", "record", "-g", "-F", "499", "-p", str(pid), "-o", str(out), "--", "sleep",
                str(max(1, int(seconds)))]
     if shutil.which(cmd[0]) is None:
         raise SystemExit(f"--perf needs {cmd[0]} on PATH")
@@ -120,8 +123,11 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
                           for c in cluster.coordinators if c.pid is not None}
         busiest = max(quire_pids, key=lambda k: (k == "primary", k.rpartition("-p")[2]))
         target: Any = JOURNAL if n <= 1 else names
-        ref_pids = {"primary": ref._procs[0].pid, "replica-1": ref._procs[1].pid,  # noqa: SLF001
-                    "replica-2": ref._procs[2].pid}
+        # The reference's process i leads the journals j with j % 3 == i (PipelineRef.endpoint);
+        # its fresh-page journal 0 is 0 | FRESH.
+        lead = (FRESH if args.fresh else 0) % 3
+        ref_pids = {("primary" if i == lead else f"replica-{i}"): p.pid
+                    for i, p in enumerate(ref._procs)}  # noqa: SLF001
         size, conc, secs = args.size, args.conc, args.seconds
         await append_case(client, target, size, conc, seconds=1.0)  # warm up
         await ref_case(ref, size, conc, seconds=1.0, journals=max(n, 1), fresh=args.fresh)
@@ -153,8 +159,9 @@ async def _run(args: argparse.Namespace, cluster: LocalCluster, ref: PipelineRef
             q["ratio_vs_pipeline"] = round(q["ops_per_s"] / p_["ops_per_s"], 3) if p_["ops_per_s"] else None
             rounds.append({"quire": q, "pipeline": p_})
             print(f"round {r + 1}: quire {q['ops_per_s']:,.0f}/s cpu {q['cpu_us_per_append']} "
-                  f"(sys {q['sys_us_per_append']})  |  pipeline {p_['ops_per_s']:,.0f}/s cpu "
-                  f"{p_['cpu_us_per_append']} (sys {p_['sys_us_per_append']})  |  "
+                  f"(sys {q['sys_us_per_append']}; faults {q['minor_faults_per_append']})  |  pipeline {p_['ops_per_s']:,.0f}/s cpu "
+                  f"{p_['cpu_us_per_append']} (sys {p_['sys_us_per_append']}; faults "
+                  f"{p_['minor_faults_per_append']})  |  "
                   f"ratio {q['ratio_vs_pipeline']}  load {q['load_avg_1m']:.1f}", flush=True)
         return {"size": size, "concurrency": conc, "journals": max(n, 1), "seconds": secs,
                 "rounds": rounds}
