@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from protocol.runtime import tune_gc_for_server
+from protocol.runtime import tune_gc_for_server, tune_malloc_for_server
 
 
 def command(
@@ -89,6 +89,7 @@ def command(
         runner = asyncio.run
     server_holder: list = []
     tune_gc_for_server()  # (protocol/runtime.py: the start-up heap is never rescanned)
+    tune_malloc_for_server()  # (and frame-sized buffers reuse the heap's pages)
 
     async def main() -> None:
         server = Server(cfg, persister)

@@ -26,6 +26,8 @@ def test_cpu_per_append_of_every_process_beside_the_reference(tmp_path: Path) ->
     for side in (quire, ref):  # the system part of each process's CPU
         assert all(0 <= side["sys_us_per_append"][k] <= side["cpu_us_per_append"][k] + 0.1
                    for k in side["sys_us_per_append"])
+        assert set(side["minor_faults_per_append"]) == set(side["sys_us_per_append"])
+        assert all(v >= 0 for v in side["minor_faults_per_append"].values())
 
 
 def test_many_journals_name_every_coordinator_by_the_journals_it_leads(tmp_path: Path) -> None:
