@@ -50,7 +50,7 @@ from topology.etcd import parse_assignment_key
 from . import scale_failover
 from .scale_appends import Window, appends, round_robin
 from .scale_cluster import (
-    ROOT, ScaleCluster, cpu_seconds, etcd_assignments, etcd_status, proc_stats, raise_nofile,
+    OTHERS, ROOT, CpuMeter, ScaleCluster, etcd_assignments, etcd_status, proc_stats, raise_nofile,
 )
 
 __all__ = ["APPLY_CHUNK", "GOALS", "assigned_journals", "derive", "full_routes", "journal_limit", "main",
@@ -234,20 +234,15 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         say(f"N={n}: routes full after {run['full_s']} s ({run['full_routes']}/{n}); "
             f"every journal assigned after {run['assigned_s']} s")
         await asyncio.sleep(settle)
-        pids = cluster.coordinator_pids()
-        others = {k: v for k, v in cluster.pids().items() if k in ("worker", "beat", "etcd", "redis")}
-        before = [cpu_seconds(p) for p in pids]
-        before_others = {k: cpu_seconds(p) for k, p in others.items()}
-        t0 = time.monotonic()
+        meter = CpuMeter(cluster)
         await asyncio.sleep(idle)
-        span = time.monotonic() - t0
-        cpu = [100 * (cpu_seconds(p) - b) / span for p, b in zip(pids, before)]
+        span, used = meter.span(), meter.used()
+        cpu = [100 * v / span for k, v in used.items() if k.startswith("coordinator ")]
         run["coordinators"] = _sample(cluster)
         for st, pct in zip(run["coordinators"], cpu):
             st["idle_cpu_pct"] = pct
-        run["others"] = {k: {**proc_stats(p), "idle_cpu_pct":
-                             100 * (cpu_seconds(p) - before_others[k]) / span}
-                         for k, p in others.items()}
+        run["others"] = {k: {**proc_stats(p), "idle_cpu_pct": 100 * used[k] / span}
+                         for k, p in meter.pids.items() if k in OTHERS}
         run.update(await asyncio.to_thread(etcd_status, cluster.etcd_url))
         say(f"N={n}: idle CPU {[round(c, 1) for c in cpu]} % of a core")
         run.update(await appends(cluster.endpoints, names, append_s,

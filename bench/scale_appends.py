@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from quire.client import Client
 
-from .scale_cluster import ScaleCluster, cpu_seconds
+from .scale_cluster import CpuMeter, ScaleCluster
 
 __all__ = ["APPEND_SIZE", "APPEND_TASKS", "Window", "appends", "round_robin"]
 
@@ -90,21 +89,8 @@ class Window:
 
     def __init__(self, cluster: ScaleCluster) -> None:
         self.cluster = cluster
-        self.pids = {"client": os.getpid(),
-                     **{f"coordinator {i}": p for i, p in enumerate(cluster.coordinator_pids())},
-                     **{k: v for k, v in cluster.pids().items()
-                        if k in ("worker", "beat", "etcd", "redis")}}
-        self.cpu = self._cpu()
+        self.meter = CpuMeter(cluster)
         self.lane = self._lane()
-
-    def _cpu(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for k, p in self.pids.items():
-            try:
-                out[k] = cpu_seconds(p)
-            except OSError:  # (a process that died: counted as idle)
-                out[k] = 0.0
-        return out
 
     def _lane(self) -> tuple[float, float]:
         whole = commits = 0.0
@@ -118,8 +104,7 @@ class Window:
         return whole, commits
 
     def end(self, appends: int) -> dict[str, Any]:
-        cpu, (whole, commits) = self._cpu(), self._lane()
-        used = {k: cpu[k] - self.cpu[k] for k in cpu}
+        used, (whole, commits) = self.meter.used(), self._lane()
         us = (lambda s: round(1e6 * s / appends, 1)) if appends else (lambda s: None)
         coord = sum(v for k, v in used.items() if k.startswith("coordinator "))
         rest = sum(v for k, v in used.items() if k != "client" and not k.startswith("coordinator "))

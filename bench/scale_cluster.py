@@ -68,6 +68,41 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+OTHERS = ("worker", "beat", "etcd", "redis")
+"""The cluster's processes besides its coordinators."""
+
+
+class CpuMeter:
+    """CPU seconds each process spent since the meter started: this one ("client"), each
+    coordinator ("coordinator i") and the OTHERS by name (a process gone counts as idle)."""
+
+    def __init__(self, cluster: ScaleCluster) -> None:
+        self.pids = {"client": os.getpid(),
+                     **{f"coordinator {i}": p for i, p in enumerate(cluster.coordinator_pids())},
+                     **{k: v for k, v in cluster.pids().items() if k in OTHERS}}
+        self.t0 = time.monotonic()
+        self.start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k, p in self.pids.items():
+            try:
+                out[k] = cpu_seconds(p)
+            except OSError:
+                out[k] = -1.0
+        return out
+
+    def span(self) -> float:
+        """Seconds since the meter started."""
+        return time.monotonic() - self.t0
+
+    def used(self) -> dict[str, float]:
+        now = self._read()
+        gone = -1.0
+        return {k: 0.0 if gone in (now[k], self.start[k]) else now[k] - self.start[k]
+                for k in now}
+
+
 def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     """Unlabelled samples `names` of a Prometheus text exposition."""
     out: dict[str, float] = {}
