@@ -116,10 +116,10 @@ class ReplicaMux:
         p.on_data = self._on_data
         self._on_data()  # (anything that came with the Hello)
         try:
-            while self.failed is None:
+            while not self._ended():
                 await self._event.wait()
                 self._event.clear()
-                if self.failed is None and self._paused:
+                if not self._ended() and self._paused:
                     await self.stream.drain()  # the primary is slow to read our answers
                     self._paused = False
                     p._resume_reading()
@@ -127,6 +127,12 @@ class ReplicaMux:
             self.fail(exc)
         finally:
             self.fail(ConnectionClosed("replicate connection closed"))
+
+    def _ended(self) -> bool:
+        """`fail` has run. A call, not `self.failed is None` in serve's loop: mypy keeps
+        an attribute narrowed across an await, and mypyc then checks the narrowed type
+        (None) when the loop reads `failed` again after `fail` set it."""
+        return self.failed is not None
 
     # -- the connection's bytes ---------------------------------------------------------
 

@@ -44,6 +44,7 @@ class _Peer:
         self.replicas: dict[str, Replica] = {}
         self.accepted = 0
         self.muxes: list[ReplicaMux] = []
+        self.served: list[asyncio.Task] = []
         self.server: asyncio.Server | None = None
         self.route = Route(members=(ME, PEER), primary=0)
         self.header = Header(route=self.route, etcd=Etcd(revision=1))
@@ -56,8 +57,13 @@ class _Peer:
             await conn.send(HelloAck(process_id=PEER, mux=True))
             mux = ReplicaMux(self, conn)
             self.muxes.append(mux)
+            # serve() must end as it says, however the connection ends; it raised a
+            # TypeError once, compiled: mypyc had kept `self.failed` narrowed to None
+            # across an await (replicate_mux.py `_ended`).
+            served = asyncio.ensure_future(mux.serve())
+            self.served.append(served)
             try:
-                await mux.serve()
+                await asyncio.shield(served)
             finally:
                 conn.abort()
 
@@ -86,6 +92,8 @@ class _Peer:
         for mux in self.muxes:
             mux.fail(ConnectionError("stopping"))
         await self.server.wait_closed()
+        done = await asyncio.wait_for(asyncio.gather(*self.served, return_exceptions=True), 10)
+        assert all(r is None for r in done), done
 
 
 async def _pipeline(peer: _Peer, pool: MuxPool, journal: str, tmp_path, token: str = "",  # noqa: ANN001
