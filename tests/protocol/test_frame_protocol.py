@@ -210,3 +210,36 @@ def test_reusable_means_open_with_nothing_unread() -> None:
     protocol.eof_received()
     assert not stream.reusable()
     assert not FrameStream(FrameProtocol()).reusable()  # (never connected)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_an_error_to_a_connection_already_closed_is_dropped_quietly(loop_kind: str) -> None:
+    """A handler's last word after the connection went (the coordinator's `_accept`
+    answering a failure): uvloop raises RuntimeError for a write to a closed handle;
+    send_error says nothing instead of raising out of the handler."""
+
+    async def main() -> None:
+        said: list[BaseException | None] = []
+
+        async def handler(stream: FrameStream) -> None:
+            stream.abort()
+            await asyncio.wait_for(stream.protocol.wait_closed(), 10)  # the handle is gone now
+            try:
+                await stream.send_error("too late")
+                said.append(None)
+            except BaseException as exc:  # noqa: BLE001 - the assertion reports it
+                said.append(exc)
+
+        server = await serve_frames(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await FrameStream.connect(f"127.0.0.1:{port}")
+        await asyncio.wait_for(client.wait_readable(), 10)  # the server's abort
+        await client.close()
+        server.close()
+        await server.wait_closed()
+        assert said == [None]
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
