@@ -62,7 +62,7 @@ def run(app: str = typer.Argument(..., help="The application, module:object."),
         log_level: str = typer.Option("INFO", "--log-level"),
         log_format: str = typer.Option("auto", "--log-format")) -> None:
     """Register a member, take shards the allocator places here, and process them."""
-    configure_logging(log_format, log_level, stream=sys.stderr)
+    configure_logging(log_format, log_level, stream=sys.stderr, count_errors=True)
     # `kill -USR1 <pid>` dumps every thread's stack: the cheapest hang diagnosis there is.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     me = ProcessId(zone, member_id)

@@ -51,7 +51,7 @@ def command(
                        "log_format": log_format, "log_level": log_level,
                        "auth_keys_file": auth_keys_file, "tls_cert": tls_cert, "tls_key": tls_key,
                        "tls_ca": tls_ca, "tls_client_auth": tls_client_auth})
-    configure_logging(s.log_format, s.log_level)
+    configure_logging(s.log_format, s.log_level, count_errors=True)
     advertise = _checked_endpoint(advertise)
     if advertise is None and _wildcard(s.listen.rpartition(":")[0]):
         # Peers and clients dial what we announce: "every interface" is no address.

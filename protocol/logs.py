@@ -6,13 +6,18 @@ still ends up in the handler installed later. `configure_logging()` only
 installs that one root handler, whose formatter renders JSON or console
 output; stdlib loggers (Celery, kombu, asyncio) go through the same renderer
 and carry the same bound context.
+
+With `count_errors`, every event at ERROR or above (ours, and the stdlib loggers': asyncio
+logs there an exception that escaped a handler or a task) also counts in
+`quire_log_errors_total` of the process's Prometheus registry, so an error that
+only went to a log file still raises an alert (dashboards/alerts.yml, QuireErrorsLogged).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
 
@@ -50,7 +55,40 @@ structlog.configure(
 
 class _QuireHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the handler we own, so reconfiguring replaces it instead of
-    stacking a second one (which would print every line twice)."""
+    stacking a second one (which would print every line twice); `on_error` is told the
+    logger's name of every record at ERROR or above."""
+
+    on_error: Callable[[str], None] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR and self.on_error is not None:
+            try:
+                self.on_error(record.name)
+            except Exception:  # noqa: BLE001 - counting must never lose the line itself
+                pass
+        super().emit(record)
+
+
+_error_counter: Any = None
+
+
+def error_counter() -> Any:
+    """The process's quire_log_errors_total (registered at the first call: at
+    `configure_logging(count_errors=True)`, so its series is scraped at 0 before the first
+    error and an `increase()` sees that one too)."""
+    global _error_counter
+    if _error_counter is None:
+        from prometheus_client import Counter
+
+        _error_counter = Counter("quire_log_errors_total",
+                                 "Events this process logged at ERROR or above (an exception "
+                                 "caught where none was expected, a lost lease, a refusing "
+                                 "spool): its log says which and why")
+    return _error_counter
+
+
+def _count_error(_logger: str) -> None:
+    error_counter().inc()
 
 
 def _resolve_format(format: str, stream: TextIO) -> Literal["json", "console"]:
@@ -67,8 +105,10 @@ def configure_logging(
     level: str | int = "INFO",
     *,
     stream: TextIO | None = None,
+    count_errors: bool = False,
 ) -> None:
-    """Route all logging to `stream` (default stdout) as JSON or console text.
+    """Route all logging to `stream` (default stdout) as JSON or console text;
+    `count_errors`: also count ERROR events in quire_log_errors_total (module docstring).
 
     Idempotent: calling it again replaces the previous handler and level.
     """
@@ -92,6 +132,9 @@ def configure_logging(
     )
     handler = _QuireHandler(stream)
     handler.setFormatter(formatter)
+    if count_errors:
+        error_counter()
+        handler.on_error = _count_error
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _QuireHandler)]:

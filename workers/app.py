@@ -128,7 +128,7 @@ app = make_app(settings, worker_settings)
 def _setup_logging(loglevel: Any = None, **_: Any) -> None:
     # Connecting to this signal stops Celery from configuring logging itself;
     # `--loglevel` still wins over QUIRE_LOG_LEVEL.
-    configure_logging(settings.log_format, loglevel or settings.log_level)
+    configure_logging(settings.log_format, loglevel or settings.log_level, count_errors=True)
 
 
 @worker_ready.connect

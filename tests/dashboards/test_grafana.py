@@ -56,6 +56,9 @@ def quire_registry() -> dict[str, str]:
     import workers.jobs_metrics  # noqa: F401 - registers quire_job_*, the watermark gauge
     import workers.metrics  # noqa: F401
     import workers.scrub  # noqa: F401 - registers quire_scrub_*
+    from protocol.logs import error_counter
+
+    error_counter()  # quire_log_errors_total: every server process counts its errors
 
     return {m.name: m.type for m in REGISTRY.collect() if m.name.startswith("quire_")}
 

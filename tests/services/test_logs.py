@@ -86,3 +86,28 @@ def test_console_format_and_bad_format() -> None:
     assert "hello" in out and "journal=x" in out and not out.startswith("{")
     with pytest.raises(ValueError, match="auto|json|console"):
         configure_logging("xml")
+
+
+def test_errors_are_counted_when_asked_ours_and_the_stdlib_loggers() -> None:
+    """`count_errors`: every event at ERROR or above — a structlog error, a caught
+    exception, asyncio's own (an exception that escaped a handler) — counts once in
+    quire_log_errors_total (QuireErrorsLogged); warnings do not, and without the flag
+    nothing counts."""
+    from protocol.logs import error_counter
+
+    counter = error_counter()
+    before = counter._value.get()
+    buf = io.StringIO()
+    configure_logging("json", "INFO", stream=buf)
+    get_logger("quire.test").error("not counted: the process did not ask")
+    configure_logging("json", "INFO", stream=buf, count_errors=True)
+    log = get_logger("quire.test")
+    log.warning("a warning")
+    log.error("an error")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("caught")
+    logging.getLogger("asyncio").error("frame connection handler failed")
+    assert counter._value.get() - before == 3
+    assert [e["level"] for e in lines(buf)][-4:] == ["warning", "error", "error", "error"]
