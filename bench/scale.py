@@ -258,6 +258,7 @@ async def _one(n: int, workdir: Path, *, settle: float, idle: float, append_s: f
         run["error"] = repr(exc)
         say(f"N={n}: failed: {exc!r}")
     finally:
+        run["errors_logged"] = await asyncio.to_thread(cluster.errors_logged)
         run["stop_s"] = cluster.stop()
         run["loadavg_end"] = os.getloadavg()
     return run
@@ -322,6 +323,9 @@ def render(result: dict[str, Any]) -> str:
                 f"{f(fo.get('primary_s'))} s, every route full {f(fo.get('full_s'))} s, sampled "
                 f"appends resumed {fo['resumed']} (worst {f(fo.get('resumed_s_max'))} s), "
                 f"{fo['acked']} acknowledged, {fo['lost']} lost")
+    lines += [f"N={r['journals']}: errors logged (quire_log_errors_total) by "
+              + ", ".join(f"{k} {v}" for k, v in r["errors_logged"].items())
+              for r in result["runs"] if any(r.get("errors_logged", {}).values())]
     lines += [f"N={r['journals']}: coordinator {i} exited ({c['exited']})"
               for r in result["runs"] for i, c in enumerate(r.get("coordinators", []))
               if "exited" in c]

@@ -225,7 +225,19 @@ class ScaleCluster:
         with urllib.request.urlopen(url, timeout=10) as resp:
             text = resp.read().decode()
         return metric_values(text, ("quire_asyncio_tasks", "quire_replicas",
-                                    "quire_appends_whole_total", "quire_lane_commits_total"))
+                                    "quire_appends_whole_total", "quire_lane_commits_total",
+                                    "quire_log_errors_total"))
+
+    def errors_logged(self) -> dict[str, int]:
+        """quire_log_errors_total of each coordinator still running, by name."""
+        out: dict[str, int] = {}
+        for i, svc in enumerate(self.coordinators):
+            if svc.running:
+                try:
+                    out[svc.name] = int(self.metrics(i).get("quire_log_errors_total", 0))
+                except OSError:
+                    pass
+        return out
 
     def stop(self) -> float:
         """Stop everything (coordinators at once, then the rest); seconds it took."""

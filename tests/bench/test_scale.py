@@ -112,6 +112,7 @@ def test_smoke_three_and_ten_journals(tmp_path) -> None:  # noqa: ANN001
         assert all(c["tasks"] > 0 and c["fds"] > 0 and c["rss_kib"] > 0 for c in r["coordinators"])
         assert r["etcd_keys"] > r["journals"] and r["etcd_db_bytes"] > 0
         assert r["stop_s"] >= 0
+        assert r["errors_logged"] == {f"coordinator-{i}": 0 for i in range(5)}, r["errors_logged"]
         # The window's decomposition: the lane's group commit and who spent the CPU.
         assert r["appends_per_commit"] is not None and r["appends_per_commit"] >= 1.0, r
         cpu = r["append_cpu_us"]
@@ -149,3 +150,6 @@ def test_smoke_failover_of_ten_journals(tmp_path) -> None:  # noqa: ANN001
     done, total = map(int, fo["resumed"].split("/"))
     assert done == total > 0, fo
     assert "kill -9 of" in render(result)
+    # The survivors logged no error: the victim's replicate connections ended as they should.
+    errors = result["runs"][0]["errors_logged"]
+    assert len(errors) == 4 and not any(errors.values()), errors
