@@ -10,7 +10,8 @@ Pulses asked for by `want` are one-shot tasks (an idle journal costs none), at m
 PULSE_CONCURRENCY at a time, each retried with backoff up to PULSE_ATTEMPTS times while
 the route it was for is still ours. The periodic round runs in `run`'s own task with
 PULSE_CONCURRENCY pulsers (no task per journal per interval); a journal whose periodic
-pulse did not sync is handed to the retrying kind. A pulse that ends without syncing asks Hosting to re-evaluate its journal
+pulse did not sync is handed to the retrying kind. A pulse that ends without syncing, or
+during which `want` came again (a newer route), asks Hosting to re-evaluate its journal
 (`changed(journal)`).
 """
 
@@ -56,6 +57,10 @@ class Pulses:
         self._synced: dict[str, Route] = {}
         """The route each journal was last synchronized for by one of our pulses."""
         self._running: set[str] = set()
+        self._again: set[str] = set()
+        """Journals `want`ed while a pulse of theirs ran: re-evaluated when it ends (that
+        pulse was for the route before; without this the new route waited for the next
+        periodic round, up to a pulse interval, with a member added and not advertised)."""
         self._sem = asyncio.Semaphore(PULSE_CONCURRENCY)
         self.stopped = False
 
@@ -73,9 +78,18 @@ class Pulses:
             self._start(journal, route)
 
     def _start(self, journal: str, route: Route) -> None:
-        if journal not in self._running:
+        if journal in self._running:
+            self._again.add(journal)
+        else:
             self._running.add(journal)
             self._spawn(self._until_synced(journal, route), f"pulse:{journal}")
+
+    def _asked_again(self, journal: str) -> bool:
+        """Whether `want` came for `journal` while its pulse ran (and forget it)."""
+        if journal in self._again:
+            self._again.discard(journal)
+            return True
+        return False
 
     async def pulse(self, journal: str) -> AppendFSM:
         req = AppendRequest(journal=journal, do_not_proxy=True, suspend="no-resume")
@@ -125,7 +139,7 @@ class Pulses:
                 delay = min(delay * 2, 2.0)
         finally:
             self._running.discard(journal)
-            if self._synced.get(journal) != route:
+            if self._asked_again(journal) or self._synced.get(journal) != route:
                 self._changed(journal)  # re-evaluate (another attempt if still primary)
 
     async def run(self) -> None:
@@ -159,5 +173,7 @@ class Pulses:
                     self._running.discard(journal)
                 if not synced:
                     self._start(journal, res.route)
+                elif self._asked_again(journal):
+                    self._changed(journal)  # its route changed while the round pulsed it
 
         await asyncio.gather(*(pulser() for _ in range(PULSE_CONCURRENCY)))

@@ -56,3 +56,63 @@ async def test_a_round_pulses_every_led_journal_without_a_task_each() -> None:
     # Synced journals are remembered: `want` on the same route pulses nothing.
     pulses.want("j/0001", ROUTE)
     assert spawned == ["pulse:j/0007"]
+
+
+ROUTE_B = Route(members=(ProcessId("zone-a", "node-0"), ProcessId("zone-b", "node-1")), primary=0)
+
+
+async def test_a_route_wanted_while_its_journal_pulses_is_pulsed_after_it() -> None:
+    """A member joins a journal's route while the pulse of the route before is running:
+    `want(route B)` then found the journal running and was dropped, the running pulse
+    settled on route A, and B was not pulsed (nor advertised) until the next periodic
+    round — a 10,000-journal cluster's last routes waited up to a pulse interval (60 s)
+    for exactly that. Now the journal is handed back to Hosting when the pulse ends, and
+    its re-evaluation pulses B; in the periodic round too."""
+    server = SimpleNamespace(replicas={"j/a": None, "j/b": None})
+    changed: list[str] = []
+    tasks: list[asyncio.Task] = []
+    gate = asyncio.Event()
+    pulsed: list[str] = []
+
+    def resolve_now(journal: str) -> SimpleNamespace:
+        return SimpleNamespace(is_primary=True, route=ROUTE)
+
+    def spawn(coro, name: str) -> None:  # noqa: ANN001
+        tasks.append(asyncio.ensure_future(coro))
+
+    pulses = Pulses(server, resolve_now, spawn, changed.append, interval=60.0)
+
+    async def pulse(journal: str) -> SimpleNamespace:
+        pulsed.append(journal)
+        await gate.wait()
+        return SimpleNamespace(state=State.FINISHED, status=Status.OK, message="")
+
+    pulses.pulse = pulse  # type: ignore[method-assign]
+
+    # A one-shot pulse of route A is running; route B is wanted meanwhile.
+    pulses.want("j/a", ROUTE)
+    await asyncio.sleep(0)
+    pulses.want("j/a", ROUTE_B)
+    assert len(tasks) == 1 and changed == []
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert changed == ["j/a"]  # handed back: Hosting re-evaluates it
+    pulses.want("j/a", ROUTE_B)  # (what that re-evaluation does)
+    assert len(tasks) == 2
+    await asyncio.wait_for(tasks[1], 5)
+    assert pulsed == ["j/a", "j/a"] and changed == ["j/a"]
+
+    # The periodic round: j/b's route changes while the round pulses it.
+    gate.clear()
+    round_ = asyncio.ensure_future(pulses.round())
+    while "j/b" not in pulsed:
+        await asyncio.sleep(0)
+    pulses.want("j/b", ROUTE_B)
+    assert len(tasks) == 2  # not started twice
+    gate.set()
+    await asyncio.wait_for(round_, 5)
+    assert changed == ["j/a", "j/b"]
+    # Nothing was asked again: a synced want (the round synced what resolve_now says)
+    # starts nothing and hands nothing back.
+    pulses.want("j/a", ROUTE)
+    assert len(tasks) == 2 and changed == ["j/a", "j/b"]
