@@ -299,7 +299,7 @@ class FrameStream:
             self._out += bufs
             self.flush()
         else:
-            self.transport.writelines(bufs)
+            self._hand(bufs)
 
     def _deferred_flush(self) -> None:
         self._flush_pending = False
@@ -322,7 +322,15 @@ class FrameStream:
                     if transport is not None:
                         transport.abort()  # (not self.abort: nothing queued may leave)
                     raise
-            self.transport.writelines(out)
+            self._hand(out)
+
+    def _hand(self, bufs: list[bytes | memoryview]) -> None:
+        """writelines, or nothing on a transport already closing: asyncio's drop what is
+        written after close, uvloop's raise RuntimeError once the handle is closed (out of
+        whatever wrote, a relay's flush in the middle of a read); drain() says it is gone."""
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.writelines(bufs)
 
     async def send(self, message: Message, payload: bytes | memoryview = b"") -> None:
         self.write(message, payload)
@@ -335,10 +343,14 @@ class FrameStream:
         return t is not None and not t.is_closing() and t.get_write_buffer_size() <= self._high
 
     async def drain(self) -> None:
-        """Wait while the transport is over its high-water mark; raise if it is lost."""
+        """Wait while the transport is over its high-water mark; raise if it is lost (or
+        closing: nothing written now would leave)."""
         t = self.transport
         if t is not None and not t.is_closing() and t.get_write_buffer_size() <= self._high:
             return
+        if t is None or t.is_closing():
+            self._out, self._queued = [], 0
+            raise ConnectionClosed("connection closed")
         self.flush()
         try:
             await self.protocol.drain()

@@ -243,3 +243,42 @@ def test_an_error_to_a_connection_already_closed_is_dropped_quietly(loop_kind: s
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_writing_to_a_closed_connection_says_connection_closed_not_runtime_error(loop_kind: str) -> None:
+    """A read relay flushing a large frame to a client already gone (chaos: a coordinator
+    logged 'connection handler failed: RuntimeError ... the handler is closed' from
+    drain -> flush -> uvloop's writelines): a write is dropped, and drain() and send()
+    raise ConnectionClosed, the error every caller handles."""
+    from protocol.stream import FLUSH_BYTES, ConnectionClosed
+
+    async def main() -> None:
+        seen: list[str] = []
+
+        async def handler(stream: FrameStream) -> None:
+            stream.abort()
+            await asyncio.wait_for(stream.protocol.wait_closed(), 10)
+            stream.write(m.AppendChunk(), b"x" * FLUSH_BYTES)  # flushes at once: dropped
+            for op in (stream.drain, lambda: stream.send(m.AppendCommit())):
+                try:
+                    await op()
+                    seen.append("returned")
+                except ConnectionClosed:
+                    seen.append("ConnectionClosed")
+                except BaseException as exc:  # noqa: BLE001 - the assertion reports it
+                    seen.append(repr(exc))
+
+        server = await serve_frames(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await FrameStream.connect(f"127.0.0.1:{port}")
+        await asyncio.wait_for(client.wait_readable(), 10)
+        await client.close()
+        server.close()
+        await server.wait_closed()
+        assert seen == ["ConnectionClosed", "ConnectionClosed"], seen
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
