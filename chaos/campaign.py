@@ -59,6 +59,7 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
         "unavailable_after_heal": counts.get("unavailable_after_heal", 0),
         "stale_heads": counts.get("stale_heads", 0),
         "harness_stalls": counts.get("harness_stalls", 0),
+        "caught_crashes": counts.get("caught_crashes", 0),
         "holes": counts.get("holes", 0),
         "consumer_keys": counts.get("consumer_keys", 0),
         "consumer_primary_changes": counts.get("consumer_primary_changes", 0),
@@ -73,9 +74,10 @@ def row_of(seed: int, duration: float, summary: dict[str, Any], wall: float) -> 
 
 
 def _not_ok(r: dict[str, Any]) -> bool:
-    """Liveness: a journal down after healing, a stale head, or a harness wait that hit
-    its bound (chaos/bounded.py)."""
-    return bool(r["unavailable_after_heal"] or r["stale_heads"] or r.get("harness_stalls"))
+    """Liveness: a journal down after healing, a stale head, a harness wait that hit its
+    bound (chaos/bounded.py), or an exception a coordinator caught (a bug)."""
+    return bool(r["unavailable_after_heal"] or r["stale_heads"] or r.get("harness_stalls")
+                or r.get("caught_crashes"))
 
 
 def _s(v: float | None) -> str:
@@ -109,7 +111,8 @@ def table(rows: list[dict[str, Any]], *, title: str = "") -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in r["by_kind"].items())
         live = ("ok" if not _not_ok(r) else
                 f"{r['unavailable_after_heal']} unavailable, {r['stale_heads']} stale"
-                + (f", {r['harness_stalls']} harness stalls" if r.get("harness_stalls") else ""))
+                + (f", {r['harness_stalls']} harness stalls" if r.get("harness_stalls") else "")
+                + (f", {r['caught_crashes']} caught crashes" if r.get("caught_crashes") else ""))
         out.append("| " + " | ".join([
             str(r["seed"]), f"{r['acknowledged']:,}", f"{r['faults']} ({r['faults_per_min']})", kinds,
             *(str(r["safety"][k]) for k in SAFETY_KEYS), str(r.get("holes", 0)),

@@ -114,6 +114,13 @@ class Report:
         if stalls:
             self.examples["harness_stalls"] = stalls[:_EXAMPLES]
 
+    def add_crashes(self, found: list[str]) -> None:
+        """Exceptions the coordinators caught where none was expected (tools/log_crashes.py):
+        not a safety count — each a bug, and the run not ok."""
+        self.counts["caught_crashes"] = len(found)
+        if found:
+            self.examples["caught_crashes"] = found[:_EXAMPLES]
+
     @property
     def safe(self) -> bool:
         return all(self.counts[k] == 0 for k in SAFETY_KEYS)
@@ -130,7 +137,8 @@ class _Tally:
         self.counts: dict[str, int] = {k: 0 for k in SAFETY_KEYS}
         self.counts.update(indefinite_visible=0, indefinite_absent=0, garbage_bytes=0, holes=0,
                            fragments_checked=0, stale_heads=0,
-                           unavailable_after_heal=0, reconstructed=0, harness_stalls=0)
+                           unavailable_after_heal=0, reconstructed=0, harness_stalls=0,
+                           caught_crashes=0)
         self.examples: dict[str, list[str]] = {}
 
     def add(self, key: str, example: str, n: int = 1) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from quire.client import Client
+from tools.log_crashes import crashes
 
 from .checker import Report, check
 from .consumer_check import check_consumers
@@ -211,6 +212,16 @@ async def clean_up(run: _Run, group: ConsumerGroup | None, watching: asyncio.Fut
         await stalls.thread("the faulty disks to unmount", run.local.close, timeout=DISKS_STOP)
     for p in run.links.all():
         await stalls.wait(f"proxy {p.name} to close", p.close(), STOP_TIMEOUT)
+
+
+def record_crashes(run: _Run, report: Report | None, meta: dict[str, Any]) -> None:
+    """The exceptions the coordinators caught and logged (tools/log_crashes.py), in the
+    run's metadata and its report (not ok)."""
+    cluster = run.cluster
+    found = [] if cluster is None else crashes((c.name, c.log_path) for c in cluster.coordinators)
+    meta["caught_crashes"] = found
+    if report is not None:
+        report.add_crashes(found)
 
 
 def record_stalls(run: _Run, report: Report | None, meta: dict[str, Any]) -> None:

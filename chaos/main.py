@@ -65,6 +65,9 @@ def render(report: Report, meta: dict[str, Any], console: Console) -> None:
                   f"{report.counts.get('harness_stalls', 0)}")
     for stall in report.examples.get("harness_stalls", []):
         console.print(f"  [red]harness stall[/] {stall}")
+    console.print(f"caught crashes in the coordinators' logs: {report.counts.get('caught_crashes', 0)}")
+    for crash in report.examples.get("caught_crashes", []):
+        console.print(f"  [red]caught crash[/] {crash}")
     console.print(f"indefinite appends visible={report.counts['indefinite_visible']} "
                   f"absent={report.counts['indefinite_absent']}; fragments checked="
                   f"{report.counts['fragments_checked']}; peer links proxied="

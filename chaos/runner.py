@@ -30,7 +30,7 @@ from .bounded import Stalls
 from .checker import Report
 from .cluster import LocalCluster, supports_advertise
 from .consumer_group import ConsumerGroup, GroupConfig
-from .ending import after_writes, clean_up, record_stalls, wait_routed
+from .ending import after_writes, clean_up, record_crashes, record_stalls, wait_routed
 from .history import History
 from .nemesis import Links, Nemesis
 from .proxy import FaultProxy
@@ -290,6 +290,7 @@ async def run_chaos(cfg: ChaosConfig) -> tuple[Report, dict[str, Any]]:
     finally:
         await clean_up(run, group, watching, writer_client, admin)
         record_stalls(run, report, meta)
+        record_crashes(run, report, meta)
 
 
 def default_history_path(out: str | None) -> str | None:

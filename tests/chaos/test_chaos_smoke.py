@@ -36,6 +36,8 @@ def test_chaos_smoke_60s_is_safe(tmp_path: Path) -> None:
     assert summary["appends"]["acknowledged"] > 0
     assert summary["run"]["workdir"] == str(tmp_path / "cluster")
     assert sum(summary["faults"].values()) > 0
+    # No coordinator caught an exception it did not expect (tools/log_crashes.py).
+    assert summary["counts"]["caught_crashes"] == 0, summary["examples"].get("caught_crashes")
     # Identified (exactly-once) writers by default, and duplicates counted explicitly.
     assert summary["run"]["identified_writers"] is True
     assert "duplicates: 0  (writers: identified" in proc.stdout, proc.stdout[-3000:]

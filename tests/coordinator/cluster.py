@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import os
 import shutil
 import signal
@@ -38,6 +37,7 @@ from protocol import (
 )
 from protocol.fragment import Codec
 from protocol.stream import FrameStream
+from tools.log_crashes import crashes
 from tools.services import free_port
 
 
@@ -177,29 +177,8 @@ class Cluster:
                     n.proc.wait(5)
 
     def crashes(self) -> list[str]:
-        """Every caught crash the coordinators logged (CRASHES, or an error of asyncio's
-        own: an exception that escaped a handler or a task), as `node: event: exception`."""
-        out: list[str] = []
-        for node in self.nodes:
-            try:
-                with open(node.log_path, "rb") as f:
-                    lines = f.read().decode(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if not line.startswith("{"):
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                text = str(event.get("event", ""))
-                if text.startswith(CRASHES) or (event.get("logger") == "asyncio"
-                                                and event.get("level") == "error"):
-                    exc = (event.get("exception") or [{}])[0]
-                    out.append(f"{node.suffix}: {text.splitlines()[0]}: "
-                               f"{exc.get('exc_type', '')} {exc.get('exc_value', '')}"[:300])
-        return out
+        """Every caught crash the coordinators logged (tools/log_crashes.py)."""
+        return crashes((node.suffix, node.log_path) for node in self.nodes)
 
     def tail(self, node: Node, n: int = 30) -> str:
         try:
@@ -271,14 +250,6 @@ async def journal_route(endpoint: str, journal: str):  # noqa: ANN201
     finally:
         await conn.close()
     return next(e.route for e in listing.journals if e.spec.name == journal)
-
-
-CRASHES = ("connection handler failed", "replicate channel failed",
-           "replicate stream set-up failed", "pulse crashed", "allocator pass crashed",
-           "keyspace on_change callback failed", "on_standing callback failed",
-           "computing the persistence backlog failed")
-"""Events a coordinator logs when it caught an exception nothing expected (log.exception
-in coordinator/ and topology/): a bug, whatever else the test showed."""
 
 
 def make_workdir() -> str:
