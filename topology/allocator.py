@@ -122,8 +122,6 @@ class Allocator:
         self.plans = 0
         """Plans made (each a full pass over the mirror: for tests and metrics)."""
         self._settled_revision: int | None = None
-        self.stale_splits = 0
-        """Stale transactions split to be retried apart in the same pass (for tests)."""
         """The mirror's `changed_revision` whose plan had nothing to do, if still current."""
 
     @property
@@ -219,18 +217,7 @@ class Allocator:
                     return
             last_revision = max(last_revision, result.revision)
             if not result.succeeded:
-                halves = _halves(batch)
-                if halves is None or not self.is_leader:
-                    log.debug("allocator txn stale", revision=result.revision, changes=len(batch))
-                    return
-                # A key of one of its journals moved since the snapshot — most often a
-                # primary advertising a route, thousands of them right after a member
-                # died — and the whole transaction failed with it. The other journals'
-                # changes still hold: try them apart (halving; each half is guarded as
-                # before), not at the next pass (after a kill at 10,000 journals the first
-                # two passes applied 3 and 5 transactions of ~60, and promotions waited).
-                self.stale_splits += 1
-                await asyncio.gather(*(run_batch(h) for h in halves))
+                log.debug("allocator txn stale", revision=result.revision, changes=len(batch))
                 return
             applied += len(batch)
 
@@ -326,13 +313,3 @@ class Allocator:
 
     def _key(self, journal: str, member: ProcessId, slot: int) -> str:
         return assignment_key(self.root, journal, member, slot)
-
-
-def _halves(batch: list[ap.Change]) -> tuple[list[ap.Change], list[ap.Change]] | None:
-    """`batch` cut in two between journals (a journal's changes stay together); None for
-    a single journal's."""
-    journals = list(dict.fromkeys(c.journal for c in batch))
-    if len(journals) < 2:
-        return None
-    first = set(journals[:len(journals) // 2])
-    return ([c for c in batch if c.journal in first], [c for c in batch if c.journal not in first])
