@@ -278,3 +278,35 @@ def test_a_pass_packs_transactions_within_etcds_limits() -> None:
         seen += names
     assert sorted(seen) == sorted(journals)
     assert len(batches) <= 600 // 25
+
+
+def test_journals_that_get_a_primary_go_first_in_transactions_of_their_own() -> None:
+    """After a member dies its journals' primaries re-advertise their routes (a revision
+    each) while the leader plans; a transaction mixing a journal being re-advertised
+    with one that lost its primary failed as stale, and the promotion waited a pass.
+    Promotions (and a journal's first primary) are packed apart, and sent first."""
+    from topology import allocator_plan as ap
+    from topology.allocator import View
+    from topology.keyspace import JournalEntry, MemberEntry
+
+    pids = [ProcessId(z, f"broker-{z}") for z in "abcd"]
+    members = {p: MemberEntry(BrokerSpec(id=p), 5, 5, 7) for p in pids}
+    names = [f"logs/{i:04d}" for i in range(300)]
+    journals = {n: JournalEntry(JournalSpec(name=n, replication=3), 9, 9) for n in names}
+    view = View(journals, members, {})
+    led = set(names[1::3])  # lost their primary: a promotion and an add each
+    changes: list[ap.Change] = []
+    for i, n in enumerate(names):
+        if n in led:
+            changes += [ap.ChangeSlot(n, pids[i % 4], 1, 0), ap.Add(n, pids[(i + 1) % 4], 3)]
+        else:  # lost a replica: an add only (its primary re-advertises meanwhile)
+            changes.append(ap.Add(n, pids[(i + 2) % 4], 3))
+    alloc = Allocator(None, None, pids[0], "/root")  # type: ignore[arg-type]
+    alloc._leader_create_revision = 3
+    batches = alloc._batches(view, changes)
+    kinds = [{c.journal in led for c in b} for b in batches]
+    assert all(len(k) == 1 for k in kinds), "a transaction mixed promotions with other changes"
+    firsts = [k == {True} for k in kinds]
+    assert firsts == sorted(firsts, reverse=True), "promotions are not sent first"
+    assert sorted(c.journal for b in batches for c in b if c.journal in led) == \
+        sorted(c.journal for c in changes if c.journal in led)
