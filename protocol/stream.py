@@ -358,11 +358,8 @@ class FrameStream:
             raise caused(ConnectionClosed(str(exc) or type(exc).__name__), exc)
 
     async def send_error(self, message: str, status: Status = Status.BAD_REQUEST) -> None:
-        """Tell the peer why, if it can still hear it (a closed or closing transport: nothing
-        to tell; uvloop raises RuntimeError for a write to a closed handle)."""
-        t = self.transport
-        if t is None or t.is_closing():
-            return
+        """Tell the peer why, if it can still hear it (on a closed connection the frame
+        goes nowhere and the ConnectionClosed of drain() is swallowed)."""
         try:
             async with asyncio.timeout(1.0):
                 await self.send(ErrorFrame(status=status, message=message[:1000]))
