@@ -426,6 +426,14 @@ class Pipeline:
                 try:
                     async with asyncio.timeout(ACK_TIMEOUT + 1):
                         await asyncio.shield(waiting)
+                except asyncio.CancelledError:
+                    # The ticket's own waiter was cancelled (an append's handler, at
+                    # shutdown) and the future with it: nothing left to wait for. Only
+                    # a cancellation of this task goes on (a coordinator stopping with
+                    # a commit in flight exited 1 here).
+                    me = asyncio.current_task()
+                    if me is not None and me.cancelling():
+                        raise
                 except Exception:  # noqa: BLE001 - TimeoutError included, or a failed ticket
                     pass
         for _, s in self.peers:

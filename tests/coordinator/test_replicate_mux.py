@@ -342,3 +342,18 @@ async def test_a_peer_that_does_not_multiplex_gets_a_connection_per_stream(tmp_p
         pool.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_closing_with_a_ticket_whose_waiter_was_cancelled(tmp_path) -> None:  # noqa: ANN001
+    """At shutdown the coordinator cancels its connection handlers, an append's among
+    them, and the ticket future that append awaited is cancelled with it; tearing the
+    pipeline down then waited on that future and raised CancelledError out of the
+    coordinator's run (exit 1: a CI run, every replica stopped at once). close() takes a
+    cancelled ticket as nothing left to wait for."""
+    async with _serving(tmp_path) as (peer, pool):
+        pln = await _pipeline(peer, pool, "mux/cancelled", tmp_path)
+        pln.send_content(b"in flight")
+        pln.send_proposal(pln.spool.commit_proposal())
+        ticket = pln.ticket()
+        ticket.cancel()  # (before the answers came: it is the one close() would wait on)
+        await asyncio.wait_for(pln.close(), 20)
