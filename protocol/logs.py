@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
 
@@ -55,15 +55,15 @@ structlog.configure(
 
 class _QuireHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the handler we own, so reconfiguring replaces it instead of
-    stacking a second one (which would print every line twice); `on_error` is told the
-    logger's name of every record at ERROR or above."""
+    stacking a second one (which would print every line twice); with `count_errors`,
+    every record at ERROR or above also counts in quire_log_errors_total."""
 
-    on_error: Callable[[str], None] | None = None
+    count_errors = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR and self.on_error is not None:
+        if self.count_errors and record.levelno >= logging.ERROR:
             try:
-                self.on_error(record.name)
+                error_counter().inc()
             except Exception:  # noqa: BLE001 - counting must never lose the line itself
                 pass
         super().emit(record)
@@ -85,10 +85,6 @@ def error_counter() -> Any:
                                  "caught where none was expected, a lost lease, a refusing "
                                  "spool): its log says which and why")
     return _error_counter
-
-
-def _count_error(_logger: str) -> None:
-    error_counter().inc()
 
 
 def _resolve_format(format: str, stream: TextIO) -> Literal["json", "console"]:
@@ -133,8 +129,8 @@ def configure_logging(
     handler = _QuireHandler(stream)
     handler.setFormatter(formatter)
     if count_errors:
-        error_counter()
-        handler.on_error = _count_error
+        error_counter()  # (registered now: scraped at 0 before the first error)
+        handler.count_errors = True
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _QuireHandler)]:
